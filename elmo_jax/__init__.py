@@ -1,0 +1,21 @@
+"""elmo-jax: ELMo's deep contextualized word representations in JAX.
+
+Pure functions of (params, inputs) for the character encoder and the bidirectional
+projected-LSTM language model, weight files in the released models' HDF5 layout, and
+``Elmo`` for embedding text from a notebook.
+"""
+
+from elmo_jax.chars import batch_to_ids
+from elmo_jax.config import ConfigError, ElmoConfig, count_params
+
+__all__ = ["ConfigError", "Elmo", "ElmoConfig", "batch_to_ids", "count_params"]
+__version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # ``Elmo`` pulls in jax and h5py; keep ``import elmo_jax`` light for the data tools.
+    if name == "Elmo":
+        from elmo_jax.embedder import Elmo
+
+        return Elmo
+    raise AttributeError(f"module 'elmo_jax' has no attribute {name!r}")

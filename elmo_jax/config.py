@@ -1,0 +1,307 @@
+"""The biLM's architecture: an immutable config, presets, and ``options.json`` I/O.
+
+``options.json`` is read and written exactly as the released ELMo models spell it::
+
+    {"lstm": {"dim", "projection_dim", "n_layers", "cell_clip", "proj_clip",
+              "use_skip_connections"},
+     "char_cnn": {"embedding": {"dim"}, "filters", "n_highway", "n_characters",
+                  "max_characters_per_token", "activation"}}
+
+``n_characters`` may be 261 (the training-time table) or 262 (the inference table with a
+padding row); both describe the same model.  This package always runs the 262 form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from typing import Any
+
+from elmo_jax import chars
+
+ACTIVATIONS = ("relu", "tanh")
+STANDARD_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
+
+
+class ConfigError(ValueError):
+    """An options.json or config value that cannot describe a biLM."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CharCNNConfig:
+    embedding_dim: int = 16
+    filters: tuple[tuple[int, int], ...] = STANDARD_FILTERS
+    n_highway: int = 2
+    activation: str = "relu"
+    max_characters_per_token: int = 50
+    n_characters: int = chars.N_CHARS
+
+    @property
+    def n_filters(self) -> int:
+        return sum(n for _, n in self.filters)
+
+
+@dataclasses.dataclass(frozen=True)
+class LSTMConfig:
+    dim: int = 4096
+    projection_dim: int = 512
+    n_layers: int = 2
+    cell_clip: float | None = 3.0
+    proj_clip: float | None = 3.0
+    use_skip_connections: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class ElmoConfig:
+    """Architecture of a biLM (char-CNN token encoder + two projected-LSTM stacks).
+
+    Hashable, so it can be a static argument of ``jax.jit``.
+    """
+
+    char_cnn: CharCNNConfig = CharCNNConfig()
+    lstm: LSTMConfig = LSTMConfig()
+
+    def __post_init__(self):
+        _validate(self)
+
+    # -- derived sizes ---------------------------------------------------------------
+    @property
+    def projection_dim(self) -> int:
+        return self.lstm.projection_dim
+
+    @property
+    def output_dim(self) -> int:
+        """Width of every output layer: forward and backward halves, ``2 * projection_dim``."""
+        return 2 * self.lstm.projection_dim
+
+    @property
+    def n_output_layers(self) -> int:
+        """Token layer + one per LSTM layer."""
+        return self.lstm.n_layers + 1
+
+    @property
+    def has_char_projection(self) -> bool:
+        return self.char_cnn.n_filters != self.lstm.projection_dim
+
+    # -- presets ---------------------------------------------------------------------
+    @classmethod
+    def preset(cls, name: str) -> "ElmoConfig":
+        """``original``, ``medium``, ``small`` (the released models) or ``tiny`` (tests)."""
+        try:
+            return PRESETS[name]
+        except KeyError:
+            raise ConfigError(
+                f"unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}"
+            ) from None
+
+    def replace(self, **changes: Any) -> "ElmoConfig":
+        """A copy with ``char_cnn`` / ``lstm`` fields replaced, e.g. ``replace(dim=64)``."""
+        cnn_fields = {f.name for f in dataclasses.fields(CharCNNConfig)}
+        lstm_fields = {f.name for f in dataclasses.fields(LSTMConfig)}
+        unknown = set(changes) - cnn_fields - lstm_fields
+        if unknown:
+            raise ConfigError(
+                f"unknown ElmoConfig field(s) {sorted(unknown)}; valid: "
+                f"{sorted(cnn_fields | lstm_fields)}"
+            )
+        cnn = dataclasses.replace(self.char_cnn, **{k: v for k, v in changes.items() if k in cnn_fields})
+        lstm = dataclasses.replace(self.lstm, **{k: v for k, v in changes.items() if k in lstm_fields})
+        return ElmoConfig(char_cnn=cnn, lstm=lstm)
+
+    # -- options.json ----------------------------------------------------------------
+    def to_options(self) -> dict:
+        c, l = self.char_cnn, self.lstm
+        lstm: dict[str, Any] = {
+            "dim": l.dim,
+            "projection_dim": l.projection_dim,
+            "n_layers": l.n_layers,
+            "use_skip_connections": l.use_skip_connections,
+        }
+        if l.cell_clip is not None:
+            lstm["cell_clip"] = _number(l.cell_clip)
+        if l.proj_clip is not None:
+            lstm["proj_clip"] = _number(l.proj_clip)
+        return {
+            "lstm": lstm,
+            "char_cnn": {
+                "embedding": {"dim": c.embedding_dim},
+                "filters": [[w, n] for w, n in c.filters],
+                "n_highway": c.n_highway,
+                "n_characters": c.n_characters,
+                "max_characters_per_token": c.max_characters_per_token,
+                "activation": c.activation,
+            },
+        }
+
+    @classmethod
+    def from_options(cls, options: dict, source: str = "options.json") -> "ElmoConfig":
+        """Parse the released models' options dict; errors name the field and the fix."""
+        if not isinstance(options, dict):
+            raise ConfigError(f"{source}: expected a JSON object, got {type(options).__name__}")
+        lstm = _section(options, "lstm", source)
+        cnn = _section(options, "char_cnn", source)
+        emb = _section(cnn, "embedding", source, prefix="char_cnn.")
+        filters = _field(cnn, "filters", list, source, "char_cnn.")
+        for f in filters:
+            if not (isinstance(f, (list, tuple)) and len(f) == 2 and all(_is_int(v) for v in f)):
+                raise ConfigError(
+                    f"{source}: char_cnn.filters must be a list of [width, count] integer pairs, "
+                    f"found {f!r}"
+                )
+        n_chars = _field(cnn, "n_characters", int, source, "char_cnn.", default=chars.N_CHARS)
+        if n_chars not in (chars.N_RAW_CHARS, chars.N_CHARS):
+            raise ConfigError(
+                f"{source}: char_cnn.n_characters is {n_chars}; ELMo models use 261 (training) "
+                f"or 262 (inference, with a padding row)"
+            )
+        return cls(
+            char_cnn=CharCNNConfig(
+                embedding_dim=_field(emb, "dim", int, source, "char_cnn.embedding."),
+                filters=tuple((int(w), int(n)) for w, n in filters),
+                n_highway=_field(cnn, "n_highway", int, source, "char_cnn."),
+                activation=_field(cnn, "activation", str, source, "char_cnn."),
+                max_characters_per_token=_field(cnn, "max_characters_per_token", int, source, "char_cnn."),
+                # 261 and 262 describe the same model; the run-time table always has 262 rows.
+                n_characters=chars.N_CHARS,
+            ),
+            lstm=LSTMConfig(
+                dim=_field(lstm, "dim", int, source, "lstm."),
+                projection_dim=_field(lstm, "projection_dim", int, source, "lstm."),
+                n_layers=_field(lstm, "n_layers", int, source, "lstm."),
+                cell_clip=_optional_number(lstm, "cell_clip", source),
+                proj_clip=_optional_number(lstm, "proj_clip", source),
+                use_skip_connections=_field(lstm, "use_skip_connections", bool, source, "lstm."),
+            ),
+        )
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike) -> "ElmoConfig":
+        path = os.fspath(path)
+        try:
+            with open(path, encoding="utf-8") as f:
+                options = json.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"options file not found: {path}") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        return cls.from_options(options, source=path)
+
+    def to_json_file(self, path: str | os.PathLike) -> None:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(self.to_options(), f, indent=2)
+            f.write("\n")
+
+
+def count_params(config: ElmoConfig) -> int:
+    """Trainable parameters of the biLM, softmax excluded, as the released models count them.
+
+    The char table counts its 261 trainable rows (the padding row is a constant zero).
+    """
+    c, l = config.char_cnn, config.lstm
+    n = (chars.N_RAW_CHARS) * c.embedding_dim
+    n += sum(w * c.embedding_dim * k + k for w, k in c.filters)
+    f = c.n_filters
+    n += c.n_highway * 2 * (f * f + f)
+    if config.has_char_projection:
+        n += f * l.projection_dim + l.projection_dim
+    for layer in range(l.n_layers):
+        n_in = l.projection_dim
+        per_direction = (n_in + l.projection_dim) * 4 * l.dim + 4 * l.dim + l.dim * l.projection_dim
+        n += 2 * per_direction
+    return n
+
+
+def _validate(config: ElmoConfig) -> None:
+    c, l = config.char_cnn, config.lstm
+    if c.activation not in ACTIVATIONS:
+        raise ConfigError(
+            f"char_cnn.activation {c.activation!r} is not supported; use one of {ACTIVATIONS}"
+        )
+    if not c.filters:
+        raise ConfigError("char_cnn.filters is empty; give at least one [width, count] pair")
+    for w, n in c.filters:
+        if w < 1 or n < 1:
+            raise ConfigError(f"char_cnn.filters entry [{w}, {n}]: width and count must be >= 1")
+        if w > c.max_characters_per_token:
+            raise ConfigError(
+                f"char_cnn.filters width {w} exceeds max_characters_per_token "
+                f"{c.max_characters_per_token}"
+            )
+    positive = {
+        "char_cnn.embedding.dim": c.embedding_dim,
+        "char_cnn.max_characters_per_token": c.max_characters_per_token - 2,
+        "lstm.dim": l.dim,
+        "lstm.projection_dim": l.projection_dim,
+        "lstm.n_layers": l.n_layers,
+    }
+    for name, value in positive.items():
+        if value < 1:
+            raise ConfigError(f"{name} must be positive (max_characters_per_token >= 3), got {value}")
+    if c.n_highway < 0:
+        raise ConfigError(f"char_cnn.n_highway must be >= 0, got {c.n_highway}")
+    if c.n_characters not in (chars.N_RAW_CHARS, chars.N_CHARS):
+        raise ConfigError(f"char_cnn.n_characters must be 261 or 262, got {c.n_characters}")
+    for name, clip in (("cell_clip", l.cell_clip), ("proj_clip", l.proj_clip)):
+        if clip is not None and not clip > 0:
+            raise ConfigError(f"lstm.{name} must be positive or absent, got {clip}")
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v: float) -> float | int:
+    return int(v) if float(v).is_integer() else float(v)
+
+
+def _section(d: dict, key: str, source: str, prefix: str = "") -> dict:
+    if key not in d:
+        raise ConfigError(f"{source}: missing section {prefix}{key!r}")
+    if not isinstance(d[key], dict):
+        raise ConfigError(f"{source}: {prefix}{key} must be an object, got {type(d[key]).__name__}")
+    return d[key]
+
+
+_MISSING = object()
+
+
+def _field(d: dict, key: str, typ: type, source: str, prefix: str, default: Any = _MISSING) -> Any:
+    if key not in d:
+        if default is not _MISSING:
+            return default
+        raise ConfigError(f"{source}: missing field {prefix}{key}")
+    v = d[key]
+    ok = _is_int(v) if typ is int else isinstance(v, typ)
+    if not ok:
+        raise ConfigError(
+            f"{source}: field {prefix}{key} must be {typ.__name__}, got {type(v).__name__} ({v!r})"
+        )
+    return v
+
+
+def _optional_number(d: dict, key: str, source: str) -> float | None:
+    v = d.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ConfigError(f"{source}: field lstm.{key} must be a number, got {v!r}")
+    return float(v)
+
+
+PRESETS: dict[str, ElmoConfig] = {
+    "original": ElmoConfig(CharCNNConfig(n_highway=2), LSTMConfig(dim=4096, projection_dim=512)),
+    "medium": ElmoConfig(CharCNNConfig(n_highway=1), LSTMConfig(dim=2048, projection_dim=256)),
+    "small": ElmoConfig(CharCNNConfig(n_highway=1), LSTMConfig(dim=1024, projection_dim=128)),
+    # For tests and the embedded corpus: seconds to compile and run on a CPU.
+    "tiny": ElmoConfig(
+        CharCNNConfig(
+            embedding_dim=8,
+            filters=((1, 16), (2, 16), (3, 32), (4, 64)),
+            n_highway=1,
+            max_characters_per_token=50,
+        ),
+        LSTMConfig(dim=128, projection_dim=32, n_layers=2),
+    ),
+}
