@@ -1,0 +1,448 @@
+"""Random-access sentence sources for pretraining: local text, TFDS ``lm1b``, the extracted
+1B Word Benchmark.  TensorFlow is never imported.
+
+Every source implements :class:`SentenceSource`: ``len(src)`` sentences, ``src[i]`` is
+sentence ``i`` as a token list (no ``<S>``/``</S>``), ``src.get_batch(indices)`` reads several
+at once, ``src.num_tokens()`` counts the words of all sentences (markers excluded).
+
+Sources
+-------
+* **Local text** (:class:`LocalTextSource`): files or globs, one tokenized sentence per
+  line (UTF-8, tokens split on whitespace, blank lines skipped).  They are prepared *once*
+  into ArrayRecord through a TFDS builder (:class:`ElmoLocalText`) under ``data_dir`` and
+  read back with ``as_data_source``.  The builder config name is a hash of the files'
+  paths, sizes and modification times, so a second call with the same files reuses the
+  prepared data and different inputs never collide.  In a multi-process job only
+  ``process_index == 0`` prepares; the others wait for its completion marker.
+* **TFDS lm1b** (:class:`Lm1bSource`): ``tfds.data_source('lm1b', split=..., data_dir=...)``
+  over the already prepared ArrayRecord files.  Getting them: the ``lm1b`` builder downloads
+  1.8 GB and its preparation needs TensorFlow (it calls ``tf.io.gfile``), so run, on a
+  machine that has TensorFlow and tensorflow-datasets::
+
+      tfds build lm1b --file_format=array_record --data_dir=/data/tfds
+
+  and copy ``/data/tfds/lm1b`` to the training machine's ``data_dir``.  Without
+  TensorFlow anywhere, use the extracted benchmark instead (next item).
+* **Extracted 1B Word Benchmark** (``lm1b-extracted:ROOT``): download
+  ``https://www.statmt.org/lm-benchmark/1-billion-word-language-modeling-benchmark-r13output.tar.gz``
+  and extract it; ``ROOT`` is the ``1-billion-word-language-modeling-benchmark-r13output``
+  folder (or its parent).  :func:`lm1b_extracted_files` finds the split's files, which are
+  then read as local text (prepared once into ArrayRecord like any local text).
+
+Use :func:`make_source` to pick one from a spec string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob as globlib
+import hashlib
+import json
+import os
+import time
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import tensorflow_datasets as tfds
+
+__all__ = [
+    "SentenceSource",
+    "InMemorySource",
+    "LocalTextSource",
+    "Lm1bSource",
+    "ElmoLocalText",
+    "expand_files",
+    "lm1b_extracted_files",
+    "prepare_local_text",
+    "make_source",
+]
+
+_READY_MARKER = "elmo_jax_ready.json"
+
+
+@runtime_checkable
+class SentenceSource(Protocol):
+    """What the batcher reads: random access to tokenized sentences."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, i: int) -> list[str]: ...
+
+    def get_batch(self, indices: Sequence[int]) -> list[list[str]]: ...
+
+    def num_tokens(self) -> int: ...
+
+
+class InMemorySource:
+    """Sentences held in memory (token lists or whitespace-separated strings)."""
+
+    def __init__(self, sentences):
+        self._sentences = [s.split() if isinstance(s, str) else list(s) for s in sentences]
+        self._num_tokens = sum(len(s) for s in self._sentences)
+
+    def __len__(self) -> int:
+        return len(self._sentences)
+
+    def __getitem__(self, i: int) -> list[str]:
+        return list(self._sentences[i])
+
+    def get_batch(self, indices: Sequence[int]) -> list[list[str]]:
+        return [list(self._sentences[int(i)]) for i in indices]
+
+    def num_tokens(self) -> int:
+        return self._num_tokens
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+
+class _TfdsTextSource:
+    """A TFDS data source whose examples hold one sentence in the feature ``text``."""
+
+    def __init__(self, data_source, name: str, num_tokens: int | None = None):
+        self._ds = data_source
+        self._name = name
+        self._num_tokens = num_tokens
+        self._bulk_ok = True
+
+    @staticmethod
+    def _split(example) -> list[str]:
+        text = example["text"]
+        if isinstance(text, bytes):
+            text = text.decode("utf-8")
+        return text.split()
+
+    def __len__(self) -> int:
+        return len(self._ds)
+
+    def __getitem__(self, i: int) -> list[str]:
+        n = len(self._ds)
+        i = int(i)
+        if not -n <= i < n:
+            raise IndexError(f"sentence index {i} out of range for {self._name} ({n} sentences)")
+        return self._split(self._ds[i % n])
+
+    def get_batch(self, indices: Sequence[int]) -> list[list[str]]:
+        keys = [int(i) for i in indices]
+        if not keys:
+            return []
+        if self._bulk_ok:
+            try:
+                return [self._split(ex) for ex in self._ds.__getitems__(keys)]
+            except TypeError:
+                # tfds.testing.mock_data patches __getitems__ with a broken signature.
+                self._bulk_ok = False
+        return [self._split(self._ds[k]) for k in keys]
+
+    def __iter__(self):
+        chunk = 4096
+        for start in range(0, len(self), chunk):
+            yield from self.get_batch(range(start, min(start + chunk, len(self))))
+
+    def _count_tokens(self) -> int:
+        return sum(len(s) for s in self)
+
+    def num_tokens(self) -> int:
+        if self._num_tokens is None:
+            self._num_tokens = self._count_tokens()
+        return self._num_tokens
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self._name}, {len(self)} sentences)"
+
+
+# ---------------------------------------------------------------------------- local text
+@dataclasses.dataclass
+class LocalTextConfig(tfds.core.BuilderConfig):
+    """Config of :class:`ElmoLocalText`: the files, in reading order."""
+
+    files: tuple[str, ...] = ()
+
+
+class ElmoLocalText(tfds.core.GeneratorBasedBuilder):
+    """Local tokenized text (one sentence per line) -> ArrayRecord, feature ``text``.
+
+    Examples keep file order (shuffling disabled): the batcher shuffles, evaluation wants
+    the original order.  Build it through :func:`prepare_local_text`.
+    """
+
+    VERSION = tfds.core.Version("1.0.0")
+    RELEASE_NOTES = {"1.0.0": "First version."}
+    # No checksums file or code folder to look up: TFDS's lookup would import
+    # importlib_resources (not a dependency) for a builder living inside a package.
+    code_path = None
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(
+            builder=self,
+            description="Tokenized text, one sentence per line, read from local files.",
+            features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),
+            disable_shuffling=True,
+        )
+
+    def _split_generators(self, dl_manager):
+        del dl_manager
+        return {"train": self._generate_examples()}
+
+    def _generate_examples(self):
+        n_sentences = 0
+        n_tokens = 0
+        for path in self.builder_config.files:
+            with open(path, "rb") as f:
+                for lineno, raw in enumerate(f, start=1):
+                    try:
+                        line = raw.decode("utf-8")
+                    except UnicodeDecodeError as e:
+                        raise ValueError(
+                            f"{path}, line {lineno}: not valid UTF-8 ({e.reason} at byte {e.start} of the line)"
+                        ) from None
+                    tokens = line.split()
+                    if not tokens:
+                        continue
+                    yield n_sentences, {"text": " ".join(tokens)}
+                    n_sentences += 1
+                    n_tokens += len(tokens)
+        if n_sentences == 0:
+            raise ValueError(
+                "empty corpus: no non-blank line in " + ", ".join(self.builder_config.files)
+            )
+        self.elmo_stats = {"num_sentences": n_sentences, "num_tokens": n_tokens}
+
+
+def expand_files(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
+    """Files named by paths and/or globs (each glob sorted), absolute, duplicates dropped.
+
+    A comma-separated string is split.  A missing file, a glob that matches nothing, a
+    directory, or no file at all gives a ``FileNotFoundError`` saying which.
+    """
+    if isinstance(patterns, (str, os.PathLike)):
+        patterns = [p for p in os.fspath(patterns).split(",") if p.strip()]
+    files: list[str] = []
+    for pat in patterns:
+        pat = os.path.expanduser(os.fspath(pat).strip())
+        if globlib.has_magic(pat):
+            matches = sorted(m for m in globlib.glob(pat) if os.path.isfile(m))
+            if not matches:
+                raise FileNotFoundError(f"no file matches the glob {pat!r}")
+        else:
+            if os.path.isdir(pat):
+                raise FileNotFoundError(f"{pat!r} is a directory; give files or a glob such as '{pat}/*.txt'")
+            if not os.path.isfile(pat):
+                raise FileNotFoundError(f"text file not found: {pat!r}")
+            matches = [pat]
+        files.extend(os.path.abspath(m) for m in matches)
+    if not files:
+        raise FileNotFoundError(f"no text file given ({patterns!r})")
+    return list(dict.fromkeys(files))
+
+
+def _corpus_key(files: Sequence[str]) -> str:
+    h = hashlib.sha256(b"elmo_jax local text v1\0")
+    for path in files:
+        st = os.stat(path)
+        h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
+    return "corpus_" + h.hexdigest()[:20]
+
+
+def _default_data_dir(data_dir: str | os.PathLike | None) -> str:
+    if data_dir is None:
+        return os.path.expanduser(os.environ.get("TFDS_DATA_DIR", "~/tensorflow_datasets"))
+    return os.fspath(data_dir)
+
+
+def prepare_local_text(
+    files: str | Sequence[str],
+    data_dir: str | os.PathLike | None = None,
+    *,
+    process_index: int = 0,
+    wait_timeout_s: float = 6 * 3600.0,
+    poll_s: float = 1.0,
+) -> tuple[ElmoLocalText, dict]:
+    """Prepare local text files into ArrayRecord once; return ``(builder, info)``.
+
+    ``info`` holds ``files``, ``num_sentences``, ``num_tokens`` and ``prepared_now``
+    (False when earlier prepared data was reused).  Process 0 prepares and then writes
+    a completion marker; other processes wait (up to ``wait_timeout_s``) for that marker.
+    """
+    files = expand_files(files)
+    data_dir = _default_data_dir(data_dir)
+    config = LocalTextConfig(
+        name=_corpus_key(files),
+        description="files: " + ", ".join(files),
+        files=tuple(files),
+    )
+    builder = ElmoLocalText(config=config, data_dir=data_dir, file_format="array_record")
+    marker = os.path.join(builder.data_dir, _READY_MARKER)
+
+    def read_marker():
+        with open(marker, encoding="utf-8") as f:
+            return json.load(f)
+
+    if os.path.isfile(marker):
+        info = read_marker()
+        info["prepared_now"] = False
+        return builder, info
+    if process_index != 0:
+        deadline = time.monotonic() + wait_timeout_s
+        while not os.path.isfile(marker):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"process {process_index}: process 0 did not finish preparing {files} "
+                    f"within {wait_timeout_s:.0f} s (no marker {marker})"
+                )
+            time.sleep(poll_s)
+        # Re-create the builder: its info is now read from the prepared directory.
+        builder = ElmoLocalText(config=config, data_dir=data_dir, file_format="array_record")
+        info = read_marker()
+        info["prepared_now"] = False
+        return builder, info
+
+    builder.download_and_prepare()
+    stats = getattr(builder, "elmo_stats", None)
+    if stats is None:  # prepared earlier by a run that died before writing its marker
+        src = _TfdsTextSource(builder.as_data_source(split="train"), config.name)
+        stats = {"num_sentences": len(src), "num_tokens": src.num_tokens()}
+    info = {"files": files, **stats}
+    tmp = f"{marker}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=1)
+    os.replace(tmp, marker)  # atomic: waiters never see a half-written marker
+    return builder, {**info, "prepared_now": True}
+
+
+class LocalTextSource(_TfdsTextSource):
+    """Local text files/globs, prepared once into ArrayRecord under ``data_dir``."""
+
+    def __init__(
+        self,
+        files: str | Sequence[str],
+        data_dir: str | os.PathLike | None = None,
+        *,
+        process_index: int = 0,
+        wait_timeout_s: float = 6 * 3600.0,
+    ):
+        builder, info = prepare_local_text(
+            files, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s
+        )
+        self.builder = builder
+        self.info = info
+        self.files = list(info["files"])
+        self.prepared_now = info["prepared_now"]
+        super().__init__(
+            builder.as_data_source(split="train"),
+            name=", ".join(self.files) if len(self.files) <= 3 else f"{len(self.files)} files",
+            num_tokens=info["num_tokens"],
+        )
+
+
+# ---------------------------------------------------------------------------- lm1b
+class Lm1bSource(_TfdsTextSource):
+    """The TFDS ``lm1b`` dataset (splits ``train``, ``test``), read without TensorFlow.
+
+    Needs the prepared ArrayRecord files under ``data_dir`` (see the module docstring).
+    The token count takes one pass over the split; it is cached next to the data
+    (``elmo_jax_num_tokens-<split>.json``) when that folder is writable.
+    """
+
+    def __init__(self, split: str = "train", data_dir: str | os.PathLike | None = None):
+        try:
+            ds = tfds.data_source("lm1b", split=split, data_dir=data_dir)
+        except Exception as e:  # noqa: BLE001 - re-raised with a hint
+            raise RuntimeError(
+                f"could not open TFDS lm1b split {split!r} in data_dir={data_dir!r}: {e}\n"
+                "Prepare it with `tfds build lm1b --file_format=array_record` on a machine with "
+                "TensorFlow, or use the extracted benchmark: 'lm1b-extracted:/path/to/"
+                "1-billion-word-language-modeling-benchmark-r13output'"
+            ) from e
+        self.split = split
+        super().__init__(ds, name=f"lm1b/{split}")
+        self._cache_path = None
+        try:
+            folder = ds.dataset_info.data_dir
+            if folder and os.path.isdir(folder):
+                self._cache_path = os.path.join(folder, f"elmo_jax_num_tokens-{split}.json")
+        except Exception:  # noqa: BLE001 - the cache is optional
+            self._cache_path = None
+
+    def num_tokens(self) -> int:
+        if self._num_tokens is not None:
+            return self._num_tokens
+        if self._cache_path and os.path.isfile(self._cache_path):
+            with open(self._cache_path, encoding="utf-8") as f:
+                cached = json.load(f)
+            if cached.get("num_sentences") == len(self):
+                self._num_tokens = int(cached["num_tokens"])
+                return self._num_tokens
+        self._num_tokens = self._count_tokens()
+        if self._cache_path:
+            try:
+                tmp = f"{self._cache_path}.tmp{os.getpid()}"
+                with open(tmp, "w", encoding="utf-8") as f:
+                    json.dump({"num_sentences": len(self), "num_tokens": self._num_tokens}, f)
+                os.replace(tmp, self._cache_path)
+            except OSError:
+                pass
+        return self._num_tokens
+
+
+# ---------------------------------------------------------------------------- extracted 1B
+_LM1B_TOP = "1-billion-word-language-modeling-benchmark-r13output"
+_LM1B_TRAIN = os.path.join("training-monolingual.tokenized.shuffled", "news.en-*-of-00100")
+_LM1B_HELDOUT = os.path.join("heldout-monolingual.tokenized.shuffled", "news.en.heldout-*")
+_LM1B_TEST0 = os.path.join("heldout-monolingual.tokenized.shuffled", "news.en.heldout-00000-of-00050")
+
+
+def lm1b_extracted_files(root: str | os.PathLike, split: str = "train") -> str:
+    """The glob of the extracted 1B Word Benchmark's files for ``split``.
+
+    ``root`` is the ``1-billion-word-language-modeling-benchmark-r13output`` folder or its
+    parent.  Splits: ``train`` (the 99 training shards), ``test``/``heldout`` (all 50
+    held-out shards, like TFDS ``lm1b`` test), ``heldout0`` (``news.en.heldout-00000-of-00050``
+    only, the benchmark's usual test set).
+    """
+    root = os.path.expanduser(os.fspath(root))
+    rel = {"train": _LM1B_TRAIN, "test": _LM1B_HELDOUT, "heldout": _LM1B_HELDOUT,
+           "validation": _LM1B_HELDOUT, "heldout0": _LM1B_TEST0}.get(split)
+    if rel is None:
+        raise ValueError(f"unknown lm1b split {split!r}: use train, test (= heldout) or heldout0")
+    for base in (root, os.path.join(root, _LM1B_TOP)):
+        pattern = os.path.join(base, rel)
+        if globlib.glob(pattern):
+            return pattern
+    raise FileNotFoundError(
+        f"no 1B Word Benchmark {split} files under {root!r}: expected {os.path.join(root, rel)!r} "
+        f"or {os.path.join(root, _LM1B_TOP, rel)!r} (extract "
+        f"{_LM1B_TOP}.tar.gz and pass that folder)"
+    )
+
+
+# ---------------------------------------------------------------------------- factory
+def make_source(
+    spec: str,
+    split: str = "train",
+    data_dir: str | os.PathLike | None = None,
+    *,
+    process_index: int = 0,
+    wait_timeout_s: float = 6 * 3600.0,
+) -> SentenceSource:
+    """A sentence source from a spec string.
+
+    * ``"lm1b"`` -> TFDS ``lm1b``, split ``split`` (``train`` / ``test``);
+    * ``"lm1b-extracted:ROOT"`` -> the extracted benchmark's ``split`` files, as local text;
+    * ``"text:PATHS"`` or plain ``PATHS`` -> local text; ``PATHS`` is a path, a glob, or a
+      comma-separated list of them.  ``split`` is not used: the files are the split.
+
+    Local text is prepared into ``data_dir`` (TFDS default when None) by process 0 only.
+    """
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"empty data spec {spec!r}")
+    spec = spec.strip()
+    if spec == "lm1b" or spec.startswith("lm1b:") or spec.startswith("tfds:lm1b"):
+        return Lm1bSource(split=split, data_dir=data_dir)
+    if spec.startswith("lm1b-extracted:"):
+        files = lm1b_extracted_files(spec[len("lm1b-extracted:"):], split)
+        return LocalTextSource(files, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s)
+    if spec.startswith("text:"):
+        spec = spec[len("text:"):]
+    return LocalTextSource(spec, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s)

@@ -1,0 +1,168 @@
+"""Sentence sources: local text through a TFDS ArrayRecord builder, lm1b, the extracted 1B."""
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from elmo_jax.data import text_source as ts
+
+REPO = Path(__file__).resolve().parents[1]
+FIXTURES = REPO.parent / "shared" / "fixtures" / "bilm-tf"
+
+
+def _write(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_local_text_round_trip_and_blank_lines(tmp_path):
+    f1 = _write(tmp_path / "a.txt", "the cat sat .\n\n   \nle  café  \tnoir\r\n".encode("utf-8"))
+    f2 = _write(tmp_path / "b.txt", b"last one")  # no final newline
+    src = ts.make_source(f"text:{f1},{f2}", data_dir=tmp_path / "tfds")
+    assert isinstance(src, ts.SentenceSource)
+    assert src.prepared_now
+    expected = [["the", "cat", "sat", "."], ["le", "café", "noir"], ["last", "one"]]
+    assert len(src) == 3
+    assert [src[i] for i in range(3)] == expected
+    assert src.get_batch([2, 0]) == [expected[2], expected[0]]
+    assert list(src) == expected
+    assert src.num_tokens() == 9
+    # It was written as ArrayRecord under data_dir.
+    version_dir = Path(src.builder.data_dir)
+    assert version_dir.is_relative_to(tmp_path / "tfds")
+    assert any("array_record" in p.name for p in version_dir.iterdir())
+
+
+def test_preparation_is_cached_and_keyed_on_the_files(tmp_path):
+    f = _write(tmp_path / "a.txt", b"one two\nthree\n")
+    first = ts.LocalTextSource(str(f), tmp_path / "tfds")
+    marker = Path(first.builder.data_dir) / "elmo_jax_ready.json"
+    stamp = marker.stat().st_mtime_ns
+    second = ts.LocalTextSource(str(tmp_path / "*.txt"), tmp_path / "tfds")  # same file via a glob
+    assert first.prepared_now and not second.prepared_now
+    assert second.builder.data_dir == first.builder.data_dir
+    assert marker.stat().st_mtime_ns == stamp
+    assert list(second) == [["one", "two"], ["three"]]
+    # Changed content (size/mtime) -> a different prepared dataset, not the stale one.
+    time.sleep(0.01)
+    f.write_bytes(b"four five six\n")
+    third = ts.LocalTextSource(str(f), tmp_path / "tfds")
+    assert third.prepared_now and third.builder.data_dir != first.builder.data_dir
+    assert list(third) == [["four", "five", "six"]]
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    f = _write(tmp_path / "bad.txt", b"fine line\n\nstill fine\nbro\xe9ken here\n")
+    with pytest.raises(ValueError, match=r"bad\.txt, line 4: not valid UTF-8"):
+        ts.LocalTextSource(str(f), tmp_path / "tfds")
+
+
+def test_missing_files_and_empty_corpus(tmp_path):
+    with pytest.raises(FileNotFoundError, match="text file not found"):
+        ts.make_source(str(tmp_path / "nope.txt"), data_dir=tmp_path / "tfds")
+    with pytest.raises(FileNotFoundError, match="no file matches the glob"):
+        ts.make_source(f"text:{tmp_path}/*.nothing", data_dir=tmp_path / "tfds")
+    with pytest.raises(FileNotFoundError, match="is a directory"):
+        ts.make_source(str(tmp_path), data_dir=tmp_path / "tfds")
+    empty = _write(tmp_path / "empty.txt", b"\n  \n\n")
+    with pytest.raises(ValueError, match="empty corpus"):
+        ts.make_source(str(empty), data_dir=tmp_path / "tfds")
+
+
+def test_other_processes_wait_for_process_0(tmp_path):
+    f = _write(tmp_path / "a.txt", b"x y\nz\n")
+    with pytest.raises(TimeoutError, match="process 0 did not finish"):
+        ts.prepare_local_text(str(f), tmp_path / "tfds", process_index=1, wait_timeout_s=0.3, poll_s=0.05)
+    results = {}
+
+    def waiter():
+        results["info"] = ts.prepare_local_text(
+            str(f), tmp_path / "tfds", process_index=1, wait_timeout_s=60, poll_s=0.05
+        )[1]
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.2)
+    assert t.is_alive()  # still waiting: nobody prepared yet
+    _, info0 = ts.prepare_local_text(str(f), tmp_path / "tfds", process_index=0)
+    t.join(30)
+    assert info0["prepared_now"] and not results["info"]["prepared_now"]
+    assert results["info"]["num_sentences"] == 2
+
+
+def test_lm1b_extracted_layout(tmp_path):
+    top = tmp_path / "1-billion-word-language-modeling-benchmark-r13output"
+    train = top / "training-monolingual.tokenized.shuffled"
+    held = top / "heldout-monolingual.tokenized.shuffled"
+    train.mkdir(parents=True)
+    held.mkdir(parents=True)
+    _write(train / "news.en-00001-of-00100", b"a b c\n")
+    _write(train / "news.en-00002-of-00100", b"d e\n")
+    _write(held / "news.en.heldout-00000-of-00050", b"f\n")
+    _write(held / "news.en.heldout-00001-of-00050", b"g h\n")
+    for root in (tmp_path, top):
+        assert ts.lm1b_extracted_files(root, "train") == str(train / "news.en-*-of-00100")
+    src = ts.make_source(f"lm1b-extracted:{tmp_path}", "train", tmp_path / "tfds")
+    assert list(src) == [["a", "b", "c"], ["d", "e"]]
+    src = ts.make_source(f"lm1b-extracted:{top}", "test", tmp_path / "tfds")
+    assert list(src) == [["f"], ["g", "h"]]
+    assert list(ts.make_source(f"lm1b-extracted:{top}", "heldout0", tmp_path / "tfds")) == [["f"]]
+    with pytest.raises(FileNotFoundError, match="no 1B Word Benchmark train files"):
+        ts.lm1b_extracted_files(tmp_path / "elsewhere", "train")
+    with pytest.raises(ValueError, match="unknown lm1b split"):
+        ts.lm1b_extracted_files(top, "dev")
+
+
+def test_fixture_corpus(tmp_path):
+    if not FIXTURES.is_dir():
+        pytest.skip(f"{FIXTURES.parents[1]} absent (the shared fixtures live next to the repo)")
+    path = FIXTURES / "train" / "data.txt"
+    lines = [line.split() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    src = ts.make_source(f"text:{path}", data_dir=tmp_path / "tfds")
+    assert list(src) == lines
+    assert src.num_tokens() == sum(map(len, lines))
+
+
+def test_lm1b_mock_data_without_tensorflow(tmp_path):
+    """lm1b through tfds.data_source under mock_data, and the whole pipeline, never import TF.
+
+    Run in a fresh interpreter so that no other test's imports can hide or cause an import.
+    """
+    script = textwrap.dedent(
+        f"""
+        import sys
+        import tensorflow_datasets as tfds
+        from elmo_jax.data.text_source import make_source, Lm1bSource, LocalTextSource
+        from elmo_jax.data.vocab import Vocabulary
+        from elmo_jax.data.batches import LMBatcher
+
+        with tfds.testing.mock_data(num_examples=12):
+            src = make_source("lm1b", split="train", data_dir={str(tmp_path / "none")!r})
+            assert isinstance(src, Lm1bSource), src
+            assert len(src) == 12
+            sents = [src[i] for i in range(12)]
+            assert all(isinstance(t, str) for s in sents for t in s), sents
+            assert src.get_batch([3, 1]) == [sents[3], sents[1]]
+            assert src.num_tokens() == sum(map(len, sents))
+            vocab = Vocabulary.build(sents)
+            batches = list(LMBatcher(src, vocab, batch_size=2, unroll_steps=4, num_epochs=1))
+            assert batches and batches[0]["fwd_char_ids"].shape == (2, 4, 50)
+        with open({str(tmp_path / "a.txt")!r}, "w", encoding="utf-8") as f:
+            f.write("a b\\nc d e\\n")
+        local = LocalTextSource({str(tmp_path / "a.txt")!r}, {str(tmp_path / "tfds")!r})
+        next(LMBatcher(local, vocab, batch_size=2, unroll_steps=3))
+        print("TF_IMPORTED", "tensorflow" in sys.modules)
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "TF_IMPORTED False" in proc.stdout, proc.stdout + proc.stderr[-2000:]
