@@ -1,0 +1,94 @@
+"""The biLM: token encoder + forward and backward LSTM stacks -> ELMo's layers.
+
+:func:`bilm` is the inference path: it takes sentences' char ids (no markers), adds
+``<S>`` / ``</S>`` around each sentence at its own length, runs the forward stack on the
+sentence and the backward stack on the sentence reversed within its length (so padding
+never touches a real position in either direction), and returns the layers without the
+markers::
+
+    layers [L+1, B, T, 2P]: 0 = [e; e], l = [forward_l; backward_l]
+
+Parameters: ``{"char_embed", "cnn", "highway", ["proj"], "lstm"}`` (encoder + LSTM).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from elmo_jax import chars
+from elmo_jax.config import ElmoConfig
+from elmo_jax.model.encoder import encode_tokens, init_encoder
+from elmo_jax.model.lstm import init_lstm, lstm_stack
+
+
+def init_params(key: jax.Array, config: ElmoConfig) -> dict:
+    """A fresh, randomly initialised biLM (encoder and both LSTM stacks, no softmax)."""
+    k_enc, k_lstm = jax.random.split(key)
+    return {**init_encoder(k_enc, config), "lstm": init_lstm(k_lstm, config)}
+
+
+def sentence_lengths(char_ids_BTC: jax.Array) -> jax.Array:
+    """Tokens per sentence: positions whose char ids are not all zero."""
+    return jnp.sum(jnp.any(char_ids_BTC > 0, axis=-1), axis=-1).astype(jnp.int32)
+
+
+def add_sentence_boundaries(char_ids_BTC: jax.Array, lengths_B: jax.Array) -> jax.Array:
+    """``[B, T, C] -> [B, T+2, C]`` with ``<S>`` at 0 and ``</S>`` right after each sentence."""
+    n_chars = char_ids_BTC.shape[-1]
+    bos = jnp.asarray(chars.token_to_ids(chars.BOS_TOKEN, n_chars))
+    eos = jnp.asarray(chars.token_to_ids(chars.EOS_TOKEN, n_chars))
+    shifted = jnp.pad(char_ids_BTC, ((0, 0), (1, 1), (0, 0)))
+    pos_1T1 = jnp.arange(shifted.shape[1])[None, :, None]
+    end_B11 = lengths_B[:, None, None] + 1
+    out = jnp.where(pos_1T1 == 0, bos, jnp.where(pos_1T1 == end_B11, eos, shifted))
+    return jnp.where(pos_1T1 <= end_B11, out, 0)
+
+
+def reverse_within_length(x_BT_: jax.Array, lengths_B: jax.Array) -> jax.Array:
+    """Reverse each row's first ``length`` steps along axis 1; padding stays in place.
+
+    Its own inverse, so the same call maps backward outputs back to sentence order.
+    """
+    t = jnp.arange(x_BT_.shape[1])[None, :]
+    n = lengths_B[:, None]
+    idx_BT = jnp.where(t < n, n - 1 - t, t)
+    idx = idx_BT.reshape(idx_BT.shape + (1,) * (x_BT_.ndim - 2))
+    return jnp.take_along_axis(x_BT_, idx, axis=1)
+
+
+def bilm(
+    params: dict,
+    config: ElmoConfig,
+    char_ids_BTC: jax.Array,
+    state: dict | None = None,
+    lengths_B: jax.Array | None = None,
+    dtype=jnp.float32,
+) -> tuple[jax.Array, dict]:
+    """ELMo layers ``[L+1, B, T, 2P]`` and the final LSTM state for a batch of sentences.
+
+    ``state`` (``{"h": [L, 2, B, P], "c": [L, 2, B, H]}``) defaults to zeros, which makes
+    every call deterministic; pass the returned state back in to carry it across batches
+    as the original implementations do.  ``lengths_B`` defaults to the count of non-padding
+    positions; give it explicitly to tell an empty sentence (length 0: ``<S> </S>`` is run
+    and updates the state) from a padding row (length -1: nothing runs, the state passes
+    through).  Positions past a sentence's end are zero in every layer.
+    """
+    if lengths_B is None:
+        lengths_B = sentence_lengths(char_ids_BTC)
+    n_time = char_ids_BTC.shape[1]
+    ids = add_sentence_boundaries(char_ids_BTC, lengths_B)
+    full_lengths_B = jnp.where(lengths_B >= 0, lengths_B + 2, 0)
+    mask_BT = jnp.arange(n_time + 2)[None, :] < full_lengths_B[:, None]
+    e_BTP = encode_tokens(params, config, ids, dtype=dtype) * mask_BT[..., None]
+    x_RBTP = jnp.stack([e_BTP, reverse_within_length(e_BTP, full_lengths_B)])
+    mask_RBT = jnp.stack([mask_BT, mask_BT])
+    outputs, new_state = lstm_stack(params["lstm"], config, x_RBTP, mask_RBT, state, dtype=dtype)
+    layers = [jnp.concatenate([e_BTP, e_BTP], axis=-1)]
+    for h_RBTP in outputs:
+        bwd = reverse_within_length(h_RBTP[1], full_lengths_B)
+        layers.append(jnp.concatenate([h_RBTP[0], bwd], axis=-1))
+    # Drop the markers: real tokens sit at 1..n.
+    real_BT1 = (jnp.arange(n_time)[None, :] < lengths_B[:, None])[..., None]
+    out = jnp.stack([jnp.where(real_BT1, layer[:, 1 : n_time + 1], 0.0) for layer in layers])
+    return out, new_state

@@ -1,0 +1,100 @@
+"""The character-CNN token encoder: char ids -> one context-free vector per token.
+
+``char ids [..., C] -> char embeddings [..., C, D] -> convolutions (VALID, bias) ->
+max over positions -> activation -> concat [..., F] -> highway x n -> projection [..., P]``
+
+Parameters (a plain dict pytree, see :func:`init_encoder`)::
+
+    char_embed  [262, D]                 row 0 is the padding row (kept at zero)
+    cnn         list of {w: [width, D, n], b: [n]}
+    highway     list of {w_carry, w_transform: [F, F], b_carry, b_transform: [F]}
+    proj        {w: [F, P], b: [P]}  only when F != P
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from elmo_jax import chars
+from elmo_jax.config import ElmoConfig
+from elmo_jax.model.precision import accumulator
+
+_ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh}
+
+
+def init_encoder(key: jax.Array, config: ElmoConfig) -> dict:
+    """Fresh encoder parameters, initialised as the reference trainer does."""
+    c = config.char_cnn
+    f = c.n_filters
+    keys = iter(jax.random.split(key, 3 + len(c.filters) + 2 * c.n_highway))
+    table = jax.random.uniform(next(keys), (chars.N_CHARS, c.embedding_dim), minval=-1.0, maxval=1.0)
+    table = table.at[0].set(0.0)
+    cnn = []
+    for width, n in c.filters:
+        shape = (width, c.embedding_dim, n)
+        if c.activation == "relu":
+            w = jax.random.uniform(next(keys), shape, minval=-0.05, maxval=0.05)
+        else:
+            w = jax.random.normal(next(keys), shape) * np.sqrt(1.0 / (width * c.embedding_dim))
+        cnn.append({"w": w, "b": jnp.zeros((n,))})
+    highway = []
+    for _ in range(c.n_highway):
+        std = np.sqrt(1.0 / f)
+        highway.append(
+            {
+                "w_carry": jax.random.normal(next(keys), (f, f)) * std,
+                "b_carry": jnp.full((f,), -2.0),
+                "w_transform": jax.random.normal(next(keys), (f, f)) * std,
+                "b_transform": jnp.zeros((f,)),
+            }
+        )
+    params = {"char_embed": table, "cnn": cnn, "highway": highway}
+    if config.has_char_projection:
+        p = config.projection_dim
+        params["proj"] = {
+            "w": jax.random.normal(next(keys), (f, p)) * np.sqrt(1.0 / f),
+            "b": jnp.zeros((p,)),
+        }
+    return params
+
+
+def encode_tokens(params: dict, config: ElmoConfig, char_ids: jax.Array, dtype=jnp.float32) -> jax.Array:
+    """Token vectors ``[..., P]`` for char ids ``[..., C]`` (any leading shape).
+
+    A token whose ids are all 0 (padding) gets a well-defined but meaningless vector;
+    callers mask it.  ``dtype`` is the compute dtype of the matmuls (accumulation is f32).
+    """
+    c = config.char_cnn
+    lead = char_ids.shape[:-1]
+    ids_NC = char_ids.reshape(-1, char_ids.shape[-1])
+    # Multiplying by the mask keeps row 0 out of both the output and its gradient.
+    x_NCD = params["char_embed"][ids_NC] * (ids_NC > 0)[..., None]
+    x_NCD = x_NCD.astype(dtype)
+    act = _ACTIVATIONS[c.activation]
+    pooled = []
+    for conv in params["cnn"]:
+        y_NWn = jax.lax.conv_general_dilated(
+            x_NCD,
+            conv["w"].astype(dtype),
+            window_strides=(1,),
+            padding="VALID",
+            dimension_numbers=("NWC", "WIO", "NWC"),
+            preferred_element_type=accumulator(dtype),
+        )
+        pooled.append(act(jnp.max(y_NWn, axis=1) + conv["b"]))
+    h_NF = jnp.concatenate(pooled, axis=-1)
+    for hw in params["highway"]:
+        hd = h_NF.astype(dtype)
+        carry = jax.nn.sigmoid(_dense(hd, hw["w_carry"], dtype) + hw["b_carry"])
+        transform = jax.nn.relu(_dense(hd, hw["w_transform"], dtype) + hw["b_transform"])
+        h_NF = carry * transform + (1.0 - carry) * h_NF
+    if "proj" in params:
+        h_NF = _dense(h_NF.astype(dtype), params["proj"]["w"], dtype) + params["proj"]["b"]
+    return h_NF.reshape(*lead, h_NF.shape[-1])
+
+
+def _dense(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
+    return jnp.dot(x, w.astype(dtype), preferred_element_type=accumulator(dtype))
+

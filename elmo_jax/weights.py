@@ -1,0 +1,166 @@
+"""The released models' HDF5 weight layout <-> this package's parameter pytree.
+
+Dataset names and shapes (for filter ``i`` of width ``w`` and count ``n``, highway ``k``,
+direction ``d`` (0 forward, 1 backward) and LSTM layer ``l``)::
+
+    char_embed                                      [261, D]   (no padding row on disk)
+    CNN/W_cnn_{i}  [1, w, D, n]      CNN/b_cnn_{i}  [n]
+    CNN_high_{k}/W_carry, W_transform [F, F]   b_carry, b_transform [F]
+    CNN_proj/W_proj [F, P]           CNN_proj/b_proj [P]
+    RNN_{d}/RNN/MultiRNNCell/Cell{l}/LSTMCell/W_0   [I + P, 4H]  rows: input, then h_prev
+                                             .../B     [4H]       gates i, j, f, o
+                                             .../W_P_0 [H, P]
+
+The forget-gate bias 1.0 is not stored (it is added at run time), so no conversion is
+needed for it; the padding row of the char table is prepended on load and dropped on save.
+Loading then saving gives the same datasets bit for bit.
+"""
+
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+
+from elmo_jax.config import ElmoConfig
+
+
+class WeightFileError(ValueError):
+    """A weight file that does not fit the model described by options.json."""
+
+
+def _lstm_prefix(direction: int, layer: int) -> str:
+    return f"RNN_{direction}/RNN/MultiRNNCell/Cell{layer}/LSTMCell"
+
+
+def expected_shapes(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
+    """Every dataset of the layout with its shape, for ``config``."""
+    c, l = config.char_cnn, config.lstm
+    f, p, h = c.n_filters, l.projection_dim, l.dim
+    shapes: dict[str, tuple[int, ...]] = {"char_embed": (261, c.embedding_dim)}
+    for i, (w, n) in enumerate(c.filters):
+        shapes[f"CNN/W_cnn_{i}"] = (1, w, c.embedding_dim, n)
+        shapes[f"CNN/b_cnn_{i}"] = (n,)
+    for k in range(c.n_highway):
+        for name in ("W_carry", "W_transform"):
+            shapes[f"CNN_high_{k}/{name}"] = (f, f)
+        for name in ("b_carry", "b_transform"):
+            shapes[f"CNN_high_{k}/{name}"] = (f,)
+    if config.has_char_projection:
+        shapes["CNN_proj/W_proj"] = (f, p)
+        shapes["CNN_proj/b_proj"] = (p,)
+    for d in range(2):
+        for layer in range(l.n_layers):
+            pre = _lstm_prefix(d, layer)
+            shapes[f"{pre}/W_0"] = (p + p, 4 * h)
+            shapes[f"{pre}/B"] = (4 * h,)
+            shapes[f"{pre}/W_P_0"] = (h, p)
+    return shapes
+
+
+def params_to_datasets(params: dict, config: ElmoConfig) -> dict[str, np.ndarray]:
+    """The pytree as named float32 arrays in the HDF5 layout."""
+    a = lambda x: np.asarray(x, dtype=np.float32)  # noqa: E731
+    out: dict[str, np.ndarray] = {"char_embed": a(params["char_embed"])[1:]}
+    for i, conv in enumerate(params["cnn"]):
+        out[f"CNN/W_cnn_{i}"] = a(conv["w"])[None]
+        out[f"CNN/b_cnn_{i}"] = a(conv["b"])
+    for k, hw in enumerate(params["highway"]):
+        out[f"CNN_high_{k}/W_carry"] = a(hw["w_carry"])
+        out[f"CNN_high_{k}/W_transform"] = a(hw["w_transform"])
+        out[f"CNN_high_{k}/b_carry"] = a(hw["b_carry"])
+        out[f"CNN_high_{k}/b_transform"] = a(hw["b_transform"])
+    if "proj" in params:
+        out["CNN_proj/W_proj"] = a(params["proj"]["w"])
+        out["CNN_proj/b_proj"] = a(params["proj"]["b"])
+    for layer, lp in enumerate(params["lstm"]):
+        for d in range(2):
+            pre = _lstm_prefix(d, layer)
+            out[f"{pre}/W_0"] = np.concatenate([a(lp["w_x"][d]), a(lp["w_h"][d])], axis=0)
+            out[f"{pre}/B"] = a(lp["b"][d])
+            out[f"{pre}/W_P_0"] = a(lp["w_p"][d])
+    return out
+
+
+def datasets_to_params(datasets: dict[str, np.ndarray], config: ElmoConfig) -> dict:
+    """Named arrays in the HDF5 layout -> the parameter pytree (numpy, float32)."""
+    c, l = config.char_cnn, config.lstm
+    table = datasets["char_embed"]
+    params: dict = {
+        "char_embed": np.concatenate([np.zeros((1, table.shape[1]), np.float32), table], axis=0),
+        "cnn": [
+            {"w": datasets[f"CNN/W_cnn_{i}"][0], "b": datasets[f"CNN/b_cnn_{i}"]}
+            for i in range(len(c.filters))
+        ],
+        "highway": [
+            {
+                "w_carry": datasets[f"CNN_high_{k}/W_carry"],
+                "b_carry": datasets[f"CNN_high_{k}/b_carry"],
+                "w_transform": datasets[f"CNN_high_{k}/W_transform"],
+                "b_transform": datasets[f"CNN_high_{k}/b_transform"],
+            }
+            for k in range(c.n_highway)
+        ],
+    }
+    if config.has_char_projection:
+        params["proj"] = {"w": datasets["CNN_proj/W_proj"], "b": datasets["CNN_proj/b_proj"]}
+    n_in = l.projection_dim
+    lstm = []
+    for layer in range(l.n_layers):
+        w0 = [datasets[f"{_lstm_prefix(d, layer)}/W_0"] for d in range(2)]
+        lstm.append(
+            {
+                "w_x": np.stack([w[:n_in] for w in w0]),
+                "w_h": np.stack([w[n_in:] for w in w0]),
+                "b": np.stack([datasets[f"{_lstm_prefix(d, layer)}/B"] for d in range(2)]),
+                "w_p": np.stack([datasets[f"{_lstm_prefix(d, layer)}/W_P_0"] for d in range(2)]),
+            }
+        )
+    params["lstm"] = lstm
+    return params
+
+
+def load_weights(path: str | os.PathLike, config: ElmoConfig) -> dict:
+    """Read an HDF5 weight file into the parameter pytree, checking every name and shape."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise WeightFileError(f"weight file not found: {path}")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as e:
+        raise WeightFileError(f"{path} is not a readable HDF5 file: {e}") from None
+    datasets = {}
+    with f:
+        for name, shape in expected_shapes(config).items():
+            if name not in f or not isinstance(f[name], h5py.Dataset):
+                raise WeightFileError(
+                    f"{path}: dataset {name!r} is missing (expected shape {shape}); "
+                    f"does options.json describe this weight file?"
+                )
+            found = f[name].shape
+            if name == "char_embed" and found == (262, shape[1]):
+                # A table saved with its padding row: drop it, it is re-added below.
+                datasets[name] = np.asarray(f[name][1:], dtype=np.float32)
+                continue
+            if found != shape:
+                raise WeightFileError(
+                    f"{path}: dataset {name!r} has shape {found}, expected {shape} from "
+                    f"options.json; the options do not fit these weights"
+                )
+            datasets[name] = np.asarray(f[name][...], dtype=np.float32)
+    return datasets_to_params(datasets, config)
+
+
+def save_weights(params: dict, config: ElmoConfig, path: str | os.PathLike) -> None:
+    """Write the parameter pytree in the released HDF5 layout, atomically."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with h5py.File(tmp, "w") as f:
+            for name, array in params_to_datasets(params, config).items():
+                f.create_dataset(name, data=array)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

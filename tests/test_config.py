@@ -1,0 +1,80 @@
+import json
+
+import pytest
+
+from elmo_jax import ConfigError, ElmoConfig, count_params
+
+
+@pytest.mark.parametrize(
+    "name, expected", [("original", 93_600_848), ("medium", 28_027_728), ("small", 13_593_296)]
+)
+def test_released_preset_parameter_counts(name, expected):
+    assert count_params(ElmoConfig.preset(name)) == expected
+
+
+def test_unknown_preset():
+    with pytest.raises(ConfigError, match="tiny"):
+        ElmoConfig.preset("huge")
+
+
+def test_options_round_trip_released_spelling():
+    options = ElmoConfig.preset("original").to_options()
+    assert options == {
+        "lstm": {"dim": 4096, "projection_dim": 512, "n_layers": 2, "use_skip_connections": True,
+                 "cell_clip": 3, "proj_clip": 3},
+        "char_cnn": {"embedding": {"dim": 16},
+                     "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]],
+                     "n_highway": 2, "n_characters": 262, "max_characters_per_token": 50,
+                     "activation": "relu"},
+    }
+    assert ElmoConfig.from_options(json.loads(json.dumps(options))) == ElmoConfig.preset("original")
+
+
+def test_261_and_262_characters_are_the_same_model():
+    options = ElmoConfig.preset("small").to_options()
+    options["char_cnn"]["n_characters"] = 261
+    assert ElmoConfig.from_options(options) == ElmoConfig.preset("small")
+
+
+def test_fixture_options_load(bilm_fixtures):
+    cfg = ElmoConfig.from_json_file(bilm_fixtures / "model" / "options.json")
+    assert cfg.lstm.dim == 64 and cfg.projection_dim == 16 and not cfg.lstm.use_skip_connections
+    assert cfg.char_cnn.filters == ((1, 4), (2, 8), (3, 16), (4, 32), (5, 64))
+
+
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda o: o["lstm"].pop("dim"), "lstm.dim"),
+        (lambda o: o["char_cnn"].pop("embedding"), "embedding"),
+        (lambda o: o["lstm"].update(n_layers="2"), "lstm.n_layers must be int"),
+        (lambda o: o["char_cnn"].update(activation="gelu"), "activation 'gelu'"),
+        (lambda o: o["char_cnn"].update(n_characters=300), "n_characters"),
+        (lambda o: o["char_cnn"].update(filters=[[1, "a"]]), "filters"),
+        (lambda o: o["lstm"].update(cell_clip="3"), "cell_clip"),
+    ],
+)
+def test_bad_options_name_the_field(mutate, message):
+    options = ElmoConfig.preset("tiny").to_options()
+    mutate(options)
+    with pytest.raises(ConfigError, match=message):
+        ElmoConfig.from_options(options)
+
+
+def test_bad_json_file(tmp_path):
+    p = tmp_path / "options.json"
+    p.write_text("{not json")
+    with pytest.raises(ConfigError, match="not valid JSON"):
+        ElmoConfig.from_json_file(p)
+    with pytest.raises(ConfigError, match="not found"):
+        ElmoConfig.from_json_file(tmp_path / "missing.json")
+
+
+def test_config_is_immutable_and_hashable():
+    cfg = ElmoConfig.preset("tiny")
+    with pytest.raises(Exception):
+        cfg.lstm.dim = 3  # type: ignore[misc]
+    assert hash(cfg) == hash(ElmoConfig.from_options(cfg.to_options()))
+    assert cfg.replace(dim=64).lstm.dim == 64
+    with pytest.raises(ConfigError, match="unknown ElmoConfig field"):
+        cfg.replace(width=3)
