@@ -1,0 +1,31 @@
+"""The original ELMo pretraining recipe (Peters et al. 2018) on the 1B Word Benchmark.
+
+93.6M-parameter biLM (char-CNN with 2048 filters, 2 x LSTM 4096 -> 512), batch 128 rows
+per device (3 GPUs in the original: 384 rows), 20 unrolled steps, sampled softmax with 8192
+log-uniform negatives, Adagrad 0.2 (initial accumulator 1.0), gradients clipped to global
+norm 10, dropout 0.1, 10 epochs over the 793,471-token vocabulary.
+"""
+
+from elmo_jax.train.config_loader import TrainConfig
+
+
+def get_config() -> TrainConfig:
+    return TrainConfig(
+        model="original",
+        data="lm1b",
+        vocab_size=None,  # the full benchmark vocabulary
+        batch_size_per_device=128,  # global batch = 128 x number of devices
+        unroll_steps=20,
+        num_negatives=8192,
+        learning_rate=0.2,
+        initial_accumulator=1.0,
+        clip_norm=10.0,
+        dropout=0.1,
+        epochs=10,
+        compute_dtype="float32",
+        checkpoint_every=5000,
+        keep_checkpoints=3,
+        eval_every=50000,
+        log_every=100,
+        parallel="pmap",
+    )
