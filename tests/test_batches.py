@@ -231,3 +231,42 @@ def test_fixture_corpus_with_fixture_vocab():
     assert total == sum(len(s) + 2 for s in sents) - rows_used
     fwd = [s for row in _rows(batches, "fwd", vocab.bos_id) for s in _split(row, vocab, "<S>", "</S>")]
     assert sorted(fwd) == sorted(vocab.decode(vocab.encode(s)) for s in sents)
+
+
+def test_small_token_table_gives_the_same_batches():
+    sents = _corpus(n=30)
+    vocab = Vocabulary.build(sents[:10])
+    a = LMBatcher(InMemorySource(sents), vocab, batch_size=3, unroll_steps=5, seed=4, num_epochs=2)
+    b = LMBatcher(InMemorySource(sents), vocab, batch_size=3, unroll_steps=5, seed=4, num_epochs=2,
+                  char_cache_size=16)
+    got_a, got_b = list(a), list(b)
+    assert len(got_a) == len(got_b)
+    for x, y in zip(got_a, got_b):
+        assert all(np.array_equal(x[k], y[k]) for k in x)
+
+
+def test_prefetcher_state_follows_consumed_batches():
+    from elmo_jax.data.batches import Prefetcher
+
+    sents = _corpus(n=30)
+    vocab = Vocabulary.build(sents)
+
+    def make():
+        return LMBatcher(InMemorySource(sents), vocab, batch_size=2, unroll_steps=4, seed=9)
+
+    plain = make()
+    want = [next(plain) for _ in range(40)]
+    with Prefetcher(make(), buffer_size=3) as pf:
+        for i in range(15):
+            got = next(pf)
+            assert all(np.array_equal(got[k], want[i][k]) for k in want[i])
+        state = pf.get_state()
+        next(pf)
+        pf.set_state(state)
+        for i in range(15, 40):
+            got = next(pf)
+            assert all(np.array_equal(got[k], want[i][k]) for k in want[i])
+    # finite iterators end cleanly
+    with Prefetcher(LMBatcher(InMemorySource(sents), vocab, 2, 4, num_epochs=1)) as pf:
+        n = sum(1 for _ in pf)
+    assert n == len(list(LMBatcher(InMemorySource(sents), vocab, 2, 4, num_epochs=1)))

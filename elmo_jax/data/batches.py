@@ -47,6 +47,11 @@ Evaluation (held-out perplexity): ``LMBatcher(source, vocab, B, T, shuffle=False
 num_epochs=1)``: sentences in corpus order dealt to the rows as they need them, one pass,
 ``StopIteration`` at the end; average the loss over masked positions.
 
+Throughput (one CPU core, B=128, T=20, both directions, a generated 200k-sentence corpus
+with a 100k-type Zipf vocabulary): about 100 batches/s from ArrayRecord (local text
+source), 155 batches/s from memory.  :class:`Prefetcher` builds batches in a background
+thread so that this overlaps with the device step.
+
 Checkpointing: :meth:`LMBatcher.get_state` returns a small JSON-serializable dict (epoch,
 per-direction read position and per-row queues of sentence positions plus offsets; no
 token data).  :meth:`LMBatcher.set_state` on a batcher built with the same arguments
@@ -62,31 +67,60 @@ import numpy as np
 from elmo_jax import chars as chars_lib
 from elmo_jax.data.vocab import Vocabulary
 
-__all__ = ["LMBatcher", "STATE_VERSION"]
+__all__ = ["LMBatcher", "Prefetcher", "STATE_VERSION"]
 
 STATE_VERSION = 1
 _DIRECTIONS = ("fwd", "bwd")
 
 
-class _CharCache:
-    """token string -> char ids row (int16), bounded: cleared when it grows too large."""
+class _TokenTable:
+    """token string -> (vocab id, char ids row), one dict lookup per token.
 
-    def __init__(self, max_chars: int, max_entries: int):
+    Each distinct token string gets a row in two growing arrays (vocab id, char ids as
+    int16); a sentence is then encoded by one dict lookup per token and two fancy-index
+    gathers.  Bounded: when ``max_entries`` is reached the table starts afresh (already
+    encoded sentences keep their own arrays).
+    """
+
+    def __init__(self, vocab: Vocabulary, max_chars: int, max_entries: int):
+        self.vocab_get = vocab._token_to_id.get
+        self.unk = vocab.unk_id
         self.max_chars = max_chars
-        self.max_entries = max_entries
-        self._cache: dict[str, np.ndarray] = {}
+        self.max_entries = max(16, int(max_entries))
+        self._reset()
 
-    def rows(self, tokens: Sequence[str]) -> np.ndarray:
-        cache = self._cache
-        out = []
-        for tok in tokens:
-            row = cache.get(tok)
-            if row is None:
-                if len(cache) >= self.max_entries:
-                    cache.clear()
-                row = cache[tok] = chars_lib.token_to_ids(tok, self.max_chars).astype(np.int16)
-            out.append(row)
-        return np.stack(out)
+    def _reset(self) -> None:
+        self.index: dict[str, int] = {}
+        self.vocab_ids = np.zeros(1024, dtype=np.int32)
+        self.char_ids = np.zeros((1024, self.max_chars), dtype=np.int16)
+
+    def _add(self, tokens: Sequence[str]) -> None:
+        new = list(dict.fromkeys(t for t in tokens if t not in self.index))
+        if len(self.index) + len(new) > self.max_entries:
+            self._reset()
+            new = list(dict.fromkeys(tokens))
+        n0 = len(self.index)
+        n1 = n0 + len(new)
+        if n1 > len(self.vocab_ids):
+            size = max(n1, 2 * len(self.vocab_ids))
+            self.vocab_ids = np.resize(self.vocab_ids, size)
+            char_ids = np.zeros((size, self.max_chars), dtype=np.int16)
+            char_ids[:n0] = self.char_ids[:n0]
+            self.char_ids = char_ids
+        for i, tok in enumerate(new, start=n0):
+            self.index[tok] = i
+            self.vocab_ids[i] = self.vocab_get(tok, self.unk)
+            self.char_ids[i] = chars_lib.token_to_ids(tok, self.max_chars)
+
+    def lookup(self, tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(vocab ids [n] int32, char ids [n, C] int16) of ``tokens``."""
+        get = self.index.get
+        rows = [get(t, -1) for t in tokens]
+        if -1 in rows:
+            self._add(tokens)
+            rows = [self.index[t] for t in tokens]
+        rows = np.asarray(rows, dtype=np.int64)
+        return self.vocab_ids[rows], self.char_ids[rows]
 
 
 class _Stream:
@@ -213,7 +247,7 @@ class LMBatcher(Iterator[dict]):
       num_epochs: None = endless (training); else ``StopIteration`` after that many passes.
       process_index, process_count: this process reads sentences ``i % count == index``.
       read_chunk: sentences read from the source at once (read-ahead, not part of the state).
-      char_cache_size: bound on the token -> char ids cache (entries).
+      char_cache_size: bound on the distinct tokens cached with their ids (about 100 bytes each).
     """
 
     def __init__(
@@ -230,7 +264,7 @@ class LMBatcher(Iterator[dict]):
         process_index: int = 0,
         process_count: int = 1,
         read_chunk: int = 1024,
-        char_cache_size: int = 1_000_000,
+        char_cache_size: int = 500_000,
     ):
         if batch_size < 1 or unroll_steps < 1:
             raise ValueError(f"batch_size and unroll_steps must be >= 1, got {batch_size}, {unroll_steps}")
@@ -258,9 +292,8 @@ class LMBatcher(Iterator[dict]):
                 f"process {process_index} of {process_count} gets no sentence: the source has only "
                 f"{self.num_sentences}"
             )
-        self._chars = _CharCache(self.max_characters_per_token, char_cache_size)
-        self._bos, self._eos, self._unk = vocab.bos_id, vocab.eos_id, vocab.unk_id
-        self._vocab_get = vocab._token_to_id.get  # hot path: one dict lookup per token
+        self._tokens = _TokenTable(vocab, self.max_characters_per_token, char_cache_size)
+        self._bos, self._eos = vocab.bos_id, vocab.eos_id
         self._marker_chars = chars_lib.batch_to_ids(
             [[chars_lib.BOS_TOKEN, chars_lib.EOS_TOKEN]], self.max_characters_per_token
         )[0].astype(np.int16)
@@ -289,15 +322,13 @@ class LMBatcher(Iterator[dict]):
 
     # ------------------------------------------------------------------ encoding
     def _encode(self, tokens: Sequence[str], reverse: bool) -> tuple[np.ndarray, np.ndarray]:
-        get, unk = self._vocab_get, self._unk
         n = len(tokens)
         ids = np.empty(n + 2, dtype=np.int32)
         ids[0], ids[-1] = self._bos, self._eos
-        ids[1:-1] = [get(t, unk) for t in tokens]
         chs = np.empty((n + 2, self.max_characters_per_token), dtype=np.int16)
         chs[0], chs[-1] = self._marker_chars[0], self._marker_chars[1]
         if n:
-            chs[1:-1] = self._chars.rows(tokens)
+            ids[1:-1], chs[1:-1] = self._tokens.lookup(tokens)
         if reverse:  # </S> wn .. w1 <S>
             return ids[::-1].copy(), chs[::-1].copy()
         return ids, chs
@@ -368,3 +399,93 @@ class LMBatcher(Iterator[dict]):
         self._finished = bool(state.get("finished", False))
         for name, s in zip(_DIRECTIONS, self._streams):
             s.set_state(self.epoch, state[name])
+
+
+class Prefetcher(Iterator[dict]):
+    """Builds the batches of an :class:`LMBatcher` in a background thread.
+
+    ``get_state()`` is the state after the last batch *returned* (not the last one built),
+    so it can go into a checkpoint as is; ``set_state()`` restarts the read-ahead from there.
+    Call :meth:`close` (or use it as a context manager) to stop the thread.
+    """
+
+    _END = object()
+
+    def __init__(self, batcher: LMBatcher, buffer_size: int = 4):
+        import queue
+        import threading
+
+        self._queue_mod, self._threading = queue, threading
+        self.batcher = batcher
+        self.buffer_size = max(1, int(buffer_size))
+        self._state = batcher.get_state()
+        self._thread = None
+        self._start()
+
+    def _start(self) -> None:
+        self._stop = self._threading.Event()
+        self._queue = self._queue_mod.Queue(self.buffer_size)
+        self._done = False
+        self._thread = self._threading.Thread(target=self._produce, name="LMBatcher-prefetch", daemon=True)
+        self._thread.start()
+
+    def _produce(self) -> None:
+        stop, q = self._stop, self._queue
+        while not stop.is_set():
+            try:
+                item = (next(self.batcher), self.batcher.get_state())
+            except StopIteration:
+                item = self._END
+            except BaseException as e:  # noqa: BLE001 - handed to the consumer
+                item = e
+            while not stop.is_set():
+                try:
+                    q.put(item, timeout=0.1)
+                    break
+                except self._queue_mod.Full:
+                    continue
+            if item is self._END or isinstance(item, BaseException):
+                return
+
+    def __iter__(self) -> "Prefetcher":
+        return self
+
+    def __next__(self) -> dict:
+        if self._done:
+            raise StopIteration
+        item = self._queue.get()
+        if item is self._END:
+            self._done = True
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._done = True
+            raise item
+        batch, self._state = item
+        return batch
+
+    def get_state(self) -> dict:
+        return self._state
+
+    def set_state(self, state: dict) -> None:
+        self.close()
+        self.batcher.set_state(state)
+        self._state = self.batcher.get_state()
+        self._start()
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+
+    def __enter__(self) -> "Prefetcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
