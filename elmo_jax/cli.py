@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+
+from elmo_jax.errors import ElmoError
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -32,6 +35,66 @@ def _demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train(args: argparse.Namespace) -> int:
+    """Pretrain (or resume) in ``--workdir``; see ``configs/`` and ``--config.KEY=VALUE``."""
+    from elmo_jax.train.config_loader import parse_config_args
+    from elmo_jax.train.loop import train
+    from elmo_jax.train.report import synthetic_report
+
+    cfg, rest = parse_config_args(args.config_args)
+    if rest:
+        raise ValueError(f"unrecognised arguments: {' '.join(rest)}")
+    _maybe_init_distributed(args)
+    workdir = args.workdir or os.path.join("runs", cfg.model)
+    summary = train(cfg, workdir, progress=not args.no_progress)
+    if summary.get("interrupted"):
+        return 0
+    if summary.get("corpus_dir") and _is_main():
+        print(synthetic_report(summary["corpus_dir"], summary["params"]["bilm"], summary["model_config"],
+                               summary.get("eval")))
+    return 0
+
+
+def _maybe_init_distributed(args: argparse.Namespace) -> None:
+    if getattr(args, "distributed", False):
+        import jax
+
+        jax.distributed.initialize()
+
+
+def _is_main() -> bool:
+    import jax
+
+    return jax.process_index() == 0
+
+
+def _eval(args: argparse.Namespace) -> int:
+    """Held-out perplexity of a workdir's latest checkpoint (full softmax)."""
+    from elmo_jax.train.export import load_checkpoint_params
+    from elmo_jax.train.loop import evaluate
+    from elmo_jax.data.text_source import make_source
+
+    loaded = load_checkpoint_params(args.workdir, step=args.step)
+    data = args.data or loaded.heldout_spec
+    if not data:
+        raise ValueError("no held-out data: pass --data PATH (one tokenized sentence per line)")
+    source = make_source(data, "test", args.data_dir or os.path.join(loaded.workdir, "tfds"))
+    result = evaluate(loaded.params, loaded.model_config, source, loaded.vocab, batch_size=args.batch_size,
+                      max_batches=args.max_batches)
+    print(f"step {loaded.step}: perplexity {result['perplexity']:.3f} (forward {result['fwd_perplexity']:.3f}, "
+          f"backward {result['bwd_perplexity']:.3f}) over {result['tokens']} tokens of {data}")
+    return 0
+
+
+def _export(args: argparse.Namespace) -> int:
+    from elmo_jax.train.export import export
+
+    out = export(args.workdir, args.out_dir, step=args.step, overwrite=args.overwrite)
+    print(f"exported step {out['step']} to {args.out_dir}: {', '.join(out['files'])}")
+    print(f"load it with:  elmo_jax.Elmo.load({args.out_dir!r})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="elmo-jax", description="ELMo in JAX: pretrain, export and embed."
@@ -44,15 +107,49 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--preset", default="tiny", help="preset of the random model (default tiny)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
+
+    tr = sub.add_parser(
+        "train", help="pretrain a biLM (default: configs/tiny.py on the embedded corpus)",
+        description="Pretrain a biLM. Config: --config configs/NAME.py, overrides --config.KEY=VALUE.",
+    )
+    tr.add_argument("--workdir", help="run folder: checkpoints, metrics, vocab (default runs/<model>)")
+    tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.add_argument("--distributed", action="store_true",
+                    help="call jax.distributed.initialize() (multi-host; settings from the launcher's environment)")
+    tr.set_defaults(func=_train)
+
+    ev = sub.add_parser("eval", help="held-out perplexity of a run's checkpoint (full softmax)")
+    ev.add_argument("workdir")
+    ev.add_argument("--data", help="held-out text (default: the run's own held-out split)")
+    ev.add_argument("--data-dir", help="where prepared data lives (default WORKDIR/tfds)")
+    ev.add_argument("--step", type=int, help="checkpoint step (default latest)")
+    ev.add_argument("--batch-size", type=int, default=32)
+    ev.add_argument("--max-batches", type=int)
+    ev.set_defaults(func=_eval)
+
+    ex = sub.add_parser("export", help="write a run's checkpoint as options.json + weights.hdf5 (+ vocab, softmax)")
+    ex.add_argument("workdir")
+    ex.add_argument("out_dir")
+    ex.add_argument("--step", type=int, help="checkpoint step (default latest)")
+    ex.add_argument("--overwrite", action="store_true")
+    ex.set_defaults(func=_export)
+
+    from elmo_jax.data.synthetic import add_corpus_command
+
+    add_corpus_command(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "train":
+        args.config_args = extra
+    elif extra:
+        parser.error(f"unrecognised arguments: {' '.join(extra)}")
     try:
         return args.func(args)
-    except (ValueError, FileNotFoundError, FileExistsError, TypeError) as e:
+    except (ElmoError, ValueError, FileNotFoundError, FileExistsError, TypeError) as e:
         print(f"elmo-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
 

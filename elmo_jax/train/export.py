@@ -1,0 +1,97 @@
+"""From a training checkpoint to frozen inference weights.
+
+``export(workdir, out_dir)`` writes::
+
+    out_dir/options.json    the architecture, in the released models' spelling
+    out_dir/weights.hdf5    the biLM in the released HDF5 layout (elmo_jax.weights)
+    out_dir/vocab.txt       the target vocabulary (one token per line)
+    out_dir/softmax.hdf5    the shared softmax: datasets softmax/W [V, P], softmax/b [V]
+
+``Elmo.load(out_dir)`` reads the first two; the softmax file lets training continue from
+an export.  The folder is written under a temporary name and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from typing import Any
+
+import h5py
+import jax
+import numpy as np
+
+from elmo_jax.config import ElmoConfig
+from elmo_jax.data.vocab import Vocabulary
+from elmo_jax.errors import ElmoError
+from elmo_jax.train.checkpoints import Checkpoints
+from elmo_jax.train.config_loader import TrainConfig
+from elmo_jax.train.step import init_train_state, make_optimizer
+from elmo_jax.model.lstm import zero_state
+from elmo_jax.weights import save_weights
+
+SOFTMAX_FILE = "softmax.hdf5"
+
+
+@dataclasses.dataclass
+class LoadedCheckpoint:
+    workdir: str
+    step: int
+    params: dict  # {"bilm": ..., "softmax": ...}
+    model_config: ElmoConfig
+    train_config: TrainConfig
+    vocab: Vocabulary
+    heldout_spec: str | None
+
+
+def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) -> LoadedCheckpoint:
+    """The params of a run's checkpoint (latest by default), with its config and vocabulary."""
+    workdir = os.path.abspath(os.fspath(workdir))
+    for name in ("config.json", "vocab.txt"):
+        if not os.path.exists(os.path.join(workdir, name)):
+            raise ElmoError(f"{workdir} is not a training workdir: {name} is missing")
+    with open(os.path.join(workdir, "config.json"), encoding="utf-8") as f:
+        train_config = TrainConfig(**json.load(f))
+    model_config = train_config.elmo_config()
+    vocab = Vocabulary.load(os.path.join(workdir, "vocab.txt"))
+    ckpts = Checkpoints(workdir)
+    try:
+        meta = ckpts.read_meta(step)
+        step = int(meta["step"]) if step is None else step
+        optimizer = make_optimizer(train_config.learning_rate, train_config.initial_accumulator, train_config.clip_norm)
+        template = jax.eval_shape(
+            lambda: (init_train_state(jax.random.key(0), model_config, len(vocab), optimizer),
+                     zero_state(model_config, int(meta["local_batch"])))
+        )
+        (train_state, _), meta = ckpts.restore(template, step)
+    finally:
+        ckpts.close()
+    return LoadedCheckpoint(workdir, step, train_state["params"], model_config, train_config, vocab,
+                            meta.get("heldout"))
+
+
+def export(workdir: str | os.PathLike, out_dir: str | os.PathLike, step: int | None = None,
+           overwrite: bool = False) -> dict[str, Any]:
+    """Write the frozen model of a checkpoint to ``out_dir`` (see the module docstring)."""
+    out_dir = os.path.abspath(os.fspath(out_dir))
+    if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
+        raise FileExistsError(f"{out_dir} exists and is not empty; pass --overwrite to replace it")
+    loaded = load_checkpoint_params(workdir, step)
+    tmp = f"{out_dir}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    try:
+        loaded.model_config.to_json_file(os.path.join(tmp, "options.json"))
+        save_weights(loaded.params["bilm"], loaded.model_config, os.path.join(tmp, "weights.hdf5"))
+        loaded.vocab.save(os.path.join(tmp, "vocab.txt"))
+        with h5py.File(os.path.join(tmp, SOFTMAX_FILE), "w") as f:
+            f.create_dataset("softmax/W", data=np.asarray(loaded.params["softmax"]["w"], np.float32))
+            f.create_dataset("softmax/b", data=np.asarray(loaded.params["softmax"]["b"], np.float32))
+        if os.path.exists(out_dir):
+            shutil.rmtree(out_dir)
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return {"step": loaded.step, "files": sorted(os.listdir(out_dir))}

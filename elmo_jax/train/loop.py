@@ -1,0 +1,412 @@
+"""The pretraining loop: composes data, model, step, parallelism, checkpoints and logs.
+
+``train(cfg, workdir)`` runs (or resumes) a run in ``workdir``::
+
+    WORKDIR/
+      config.json          the TrainConfig of the run (the first start's)
+      options.json         the biLM architecture, released models' spelling
+      vocab.txt            the target vocabulary (the original's format)
+      corpus/              the embedded synthetic corpus, when data == "synthetic"
+      checkpoints/<step>/  orbax checkpoints (params, optimizer, LSTM state, data position)
+      metrics.jsonl        one JSON object per log line and per evaluation
+      tensorboard/         TensorBoard event files (tensorboardX, no TensorFlow)
+
+The loop owns no model logic: it calls :func:`elmo_jax.train.step.train_step` through a
+runner from :mod:`elmo_jax.train.parallel`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import os
+import signal
+import sys
+import time
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from elmo_jax.config import ElmoConfig
+from elmo_jax.data.batches import LMBatcher
+from elmo_jax.data.text_source import make_source
+from elmo_jax.data.vocab import Vocabulary
+from elmo_jax.errors import ElmoError
+from elmo_jax.model.lstm import zero_state
+from elmo_jax.train.checkpoints import Checkpoints
+from elmo_jax.train.config_loader import TrainConfig
+from elmo_jax.train.losses import make_loss_fn
+from elmo_jax.train.parallel import make_eval_fn, make_runner
+from elmo_jax.train.step import init_train_state, make_optimizer
+
+# Fields that may change when a run is resumed; every other field must match.
+RESUMABLE_FIELDS = {
+    "epochs", "max_steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every",
+    "parallel", "data_dir",
+}
+
+
+class TrainingError(ElmoError):
+    """A run that cannot start or continue; the message says why and what to do."""
+
+
+@dataclasses.dataclass
+class RunData:
+    """What the loop reads: sources, vocabulary and (for the synthetic corpus) its folder."""
+
+    train: Any
+    heldout: Any | None
+    vocab: Vocabulary
+    corpus_dir: str | None = None
+
+
+def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None]) -> RunData:
+    """Sources and vocabulary; the corpus and the vocabulary are made once (process 0)."""
+    process_index = jax.process_index()
+    corpus_dir = None
+    data_dir = cfg.data_dir or os.path.join(workdir, "tfds")
+    if cfg.data == "synthetic":
+        from elmo_jax.data import synthetic
+
+        corpus_dir = os.path.join(workdir, "corpus")
+        if not os.path.exists(os.path.join(corpus_dir, "stats.json")):
+            if process_index == 0:
+                kwargs = {"n_train": cfg.corpus_size} if cfg.corpus_size else {}
+                log(f"writing the embedded synthetic corpus to {corpus_dir}")
+                synthetic.write_corpus(corpus_dir, seed=cfg.seed, overwrite=True, **kwargs)
+            else:
+                _wait_for(os.path.join(corpus_dir, "stats.json"))
+        train_spec = os.path.join(corpus_dir, "train.txt")
+        heldout_spec = os.path.join(corpus_dir, "heldout.txt")
+    else:
+        train_spec, heldout_spec = cfg.data, cfg.heldout
+        if heldout_spec is None and cfg.data == "lm1b":
+            heldout_spec = "lm1b"
+    train = make_source(train_spec, "train", data_dir, process_index=process_index)
+    heldout = None
+    if heldout_spec:
+        heldout = make_source(heldout_spec, "test", data_dir, process_index=process_index)
+    vocab_path = os.path.join(workdir, "vocab.txt")
+    if not os.path.exists(vocab_path):
+        if process_index == 0:
+            log(f"building the vocabulary from {len(train)} training sentences")
+            vocab = Vocabulary.build(_iterate(train), max_size=cfg.vocab_size, min_count=cfg.vocab_min_count)
+            tmp = vocab_path + ".tmp"
+            vocab.save(tmp)
+            os.replace(tmp, vocab_path)
+        else:
+            _wait_for(vocab_path)
+    vocab = Vocabulary.load(vocab_path)
+    return RunData(train, heldout, vocab, corpus_dir)
+
+
+def _heldout_spec(cfg: TrainConfig, data: RunData) -> str | None:
+    if data.corpus_dir is not None:
+        return os.path.join(data.corpus_dir, "heldout.txt")
+    return cfg.heldout or ("lm1b" if cfg.data == "lm1b" else None)
+
+
+def _iterate(source, chunk: int = 4096):
+    for start in range(0, len(source), chunk):
+        yield from source.get_batch(range(start, min(start + chunk, len(source))))
+
+
+def _wait_for(path: str, timeout_s: float = 3600.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(path):
+        if time.monotonic() > deadline:
+            raise TrainingError(f"timed out waiting for process 0 to write {path}")
+        time.sleep(0.5)
+
+
+def _check_workdir(workdir: str) -> None:
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = os.path.join(workdir, f".write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise TrainingError(f"workdir {workdir} is not writable: {e}; choose another --workdir") from None
+
+
+def _config_differences(saved: dict, current: dict) -> list[str]:
+    return [
+        f"{k}: checkpoint has {saved.get(k)!r}, this run has {current.get(k)!r}"
+        for k in sorted(set(saved) | set(current))
+        if k not in RESUMABLE_FIELDS and saved.get(k) != current.get(k)
+    ]
+
+
+class _StopRequest:
+    """SIGTERM / Ctrl-C set a flag; the loop checkpoints at the next step and returns."""
+
+    def __init__(self):
+        self.signal: str | None = None
+
+    @contextlib.contextmanager
+    def installed(self):
+        previous = {}
+
+        def handler(signum, frame):
+            if self.signal is not None:  # a second signal: stop now
+                signal.signal(signum, previous.get(signum, signal.SIG_DFL))
+                raise KeyboardInterrupt
+            self.signal = signal.Signals(signum).name
+
+        try:
+            for s in (signal.SIGTERM, signal.SIGINT):
+                previous[s] = signal.signal(s, handler)
+        except ValueError:  # not the main thread: no handlers, nothing to restore
+            previous = {}
+        try:
+            yield self
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+
+class MetricsWriter:
+    """metrics.jsonl + TensorBoard events, process 0 only."""
+
+    def __init__(self, workdir: str, enabled: bool):
+        self.enabled = enabled
+        self._tb = None
+        if enabled:
+            self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+    def write(self, step: int, kind: str, values: dict) -> None:
+        if not self.enabled:
+            return
+        record = {"step": step, "kind": kind, "time": time.time(), **values}
+        self._jsonl.write(json.dumps(record) + "\n")
+        self._jsonl.flush()
+        for k, v in values.items():
+            if isinstance(v, (int, float)) and math.isfinite(v):
+                self._tb.add_scalar(f"{kind}/{k}", v, step)
+        self._tb.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            self._jsonl.close()
+            self._tb.close()
+
+
+def evaluate(params: dict, config: ElmoConfig, source, vocab: Vocabulary, *, batch_size: int = 32,
+             unroll_steps: int = 20, dtype=jnp.float32, max_batches: int | None = None,
+             eval_fn=None) -> dict:
+    """Held-out perplexity with the full softmax, no dropout, LSTM state carried.
+
+    Carrying the state makes the window length irrelevant, so this equals the original's
+    evaluation with unroll 1.  Reported as the original does: ``exp`` of the mean over
+    positions of ``0.5 * (loss_fwd + loss_bwd)``, plus each direction's own perplexity.
+    """
+    eval_fn = eval_fn or make_eval_fn(config, dtype)
+    batcher = LMBatcher(source, vocab, batch_size, unroll_steps, config.char_cnn.max_characters_per_token,
+                        shuffle=False, num_epochs=1)
+    state = zero_state(config, batch_size)
+    totals = np.zeros(4)
+    for n, batch in enumerate(batcher):
+        if max_batches is not None and n >= max_batches:
+            break
+        state, m = eval_fn(params, state, batch)
+        totals += [float(m["fwd_loss_sum"]), float(m["fwd_count"]), float(m["bwd_loss_sum"]), float(m["bwd_count"])]
+    fwd = totals[0] / max(totals[1], 1.0)
+    bwd = totals[2] / max(totals[3], 1.0)
+    return {
+        "perplexity": float(math.exp(0.5 * (fwd + bwd))),
+        "fwd_perplexity": float(math.exp(fwd)),
+        "bwd_perplexity": float(math.exp(bwd)),
+        "tokens": int(totals[1]),
+    }
+
+
+def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
+          log: Callable[[str], None] | None = None) -> dict:
+    """Train (or resume) in ``workdir``; returns a summary dict (see the end of this function)."""
+    workdir = os.path.abspath(workdir)
+    is_main = jax.process_index() == 0
+    if log is None:
+        log = (lambda msg: print(msg, flush=True)) if is_main else (lambda msg: None)
+    _check_workdir(workdir)
+    model_config = cfg.elmo_config()
+    n_devices = jax.device_count()
+    global_batch = cfg.global_batch_size(n_devices)
+    if global_batch % n_devices:
+        raise TrainingError(
+            f"global batch {global_batch} does not divide over {n_devices} devices; use a multiple of {n_devices}"
+        )
+    local_batch = global_batch // jax.process_count()
+
+    # -- resume or start ------------------------------------------------------------------
+    ckpts = Checkpoints(workdir, keep=cfg.keep_checkpoints)
+    config_path = os.path.join(workdir, "config.json")
+    latest = ckpts.latest_step()
+    if latest is not None and os.path.exists(config_path):
+        with open(config_path, encoding="utf-8") as f:
+            saved = json.load(f)
+        diffs = _config_differences(saved, cfg.to_dict())
+        if diffs:
+            raise TrainingError(
+                f"{workdir} holds a run with a different config; refusing to resume it:\n  "
+                + "\n  ".join(diffs)
+                + "\nuse another --workdir, or the checkpoint's values"
+            )
+    data = prepare_data(cfg, workdir, log)
+    vocab = data.vocab
+    if is_main:
+        for path, write in ((config_path, lambda f: json.dump(cfg.to_dict(), f, indent=2)),
+                            (os.path.join(workdir, "options.json"), lambda f: json.dump(model_config.to_options(), f, indent=2))):
+            if not os.path.exists(path) or latest is None:
+                with open(path + ".tmp", "w", encoding="utf-8") as f:
+                    write(f)
+                os.replace(path + ".tmp", path)
+
+    selection = make_loss_fn(len(vocab), cfg.num_negatives)
+    log(selection.message)
+    optimizer = make_optimizer(cfg.learning_rate, cfg.initial_accumulator, cfg.clip_norm)
+    dtype = jnp.bfloat16 if cfg.compute_dtype == "bfloat16" else jnp.float32
+    runner = make_runner(cfg.parallel, dict(
+        config=model_config, optimizer=optimizer, loss_fn=selection.fn, dropout_rate=cfg.dropout, dtype=dtype,
+    ))
+    batcher = LMBatcher(
+        data.train, vocab, local_batch, cfg.unroll_steps, model_config.char_cnn.max_characters_per_token,
+        seed=cfg.seed, process_index=jax.process_index(), process_count=jax.process_count(),
+    )
+    steps_per_epoch = batcher.steps_per_epoch
+    total_steps = steps_per_epoch * cfg.epochs
+    if cfg.max_steps is not None:
+        total_steps = min(total_steps, cfg.max_steps)
+
+    train_state = jax.tree.map(np.asarray, init_train_state(jax.random.key(cfg.seed), model_config, len(vocab), optimizer))
+    lstm_state = jax.tree.map(np.asarray, zero_state(model_config, local_batch))
+    start_step = 0
+    if latest is not None:
+        (train_state, lstm_state), meta = ckpts.restore((train_state, lstm_state), latest)
+        batcher.set_state(meta["data"])
+        start_step = int(meta["step"])
+        log(f"resuming from {ckpts.path(latest)} (step {start_step})")
+    log(
+        f"training {cfg.model} ({model_config.lstm.dim}/{model_config.projection_dim} x{model_config.lstm.n_layers}) "
+        f"on {n_devices} device(s) [{runner.name}], global batch {global_batch} x {cfg.unroll_steps} tokens, "
+        f"vocabulary {len(vocab)}, {steps_per_epoch} steps/epoch, {total_steps} steps"
+    )
+
+    d_train = runner.put_train_state(train_state)
+    d_lstm = runner.put_rows(lstm_state, axis=2)
+    base_key = jax.random.key(cfg.seed)
+    writer = MetricsWriter(workdir, is_main)
+    tokens_per_step = global_batch * cfg.unroll_steps
+    summary: dict[str, Any] = {"workdir": workdir, "start_step": start_step}
+    pending: list[tuple[int, dict]] = []
+    last_saved = latest
+    eval_fn = make_eval_fn(model_config, dtype) if data.heldout is not None else None
+
+    def host_state():
+        return runner.get_train_state(d_train), runner.get_rows(d_lstm, axis=2)
+
+    def save(step: int) -> None:
+        nonlocal last_saved
+        flush(step)
+        train_host, lstm_host = host_state()
+        ckpts.save(step, (train_host, lstm_host), {"step": step, "data": batcher.get_state(),
+                                                    "config": cfg.to_dict(), "vocab_size": len(vocab),
+                                                    "local_batch": local_batch, "heldout": _heldout_spec(cfg, data)})
+        last_saved = step
+
+    def flush(step: int) -> dict | None:
+        """Fetch pending metrics; stop on a non-finite loss before anything is saved."""
+        if not pending:
+            return None
+        fetched = [(s, runner.metrics(m)) for s, m in pending]
+        pending.clear()
+        for s, m in fetched:
+            if not np.isfinite(m["loss"]):
+                where = f"the last good checkpoint is {ckpts.path(last_saved)}" if last_saved is not None else "no checkpoint was written"
+                raise TrainingError(
+                    f"the loss became {m['loss']} at step {s}; stopping without saving ({where}). "
+                    f"Lower the learning rate or clip_norm, or check the data."
+                )
+        fwd = sum(m["fwd_loss_sum"] for _, m in fetched) / max(sum(m["fwd_count"] for _, m in fetched), 1)
+        bwd = sum(m["bwd_loss_sum"] for _, m in fetched) / max(sum(m["bwd_count"] for _, m in fetched), 1)
+        return {"loss": float(np.mean([m["loss"] for _, m in fetched])), "fwd_loss": float(fwd),
+                "bwd_loss": float(bwd), "grad_norm": float(fetched[-1][1]["grad_norm"])}
+
+    def run_eval(step: int) -> dict:
+        params = runner.get_train_state(d_train)["params"]
+        result = evaluate(params, model_config, data.heldout, vocab, unroll_steps=cfg.unroll_steps,
+                          dtype=dtype, eval_fn=eval_fn)
+        writer.write(step, "eval", result)
+        log(f"eval @ step {step}: perplexity {result['perplexity']:.2f} (forward {result['fwd_perplexity']:.2f}, "
+            f"backward {result['bwd_perplexity']:.2f}) on {result['tokens']} held-out tokens")
+        return result
+
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=total_steps, initial=start_step, disable=not (progress and is_main), unit="step",
+               dynamic_ncols=True, file=sys.stderr)
+    stop = _StopRequest()
+    step = start_step
+    window_start, window_step = time.perf_counter(), start_step
+    try:
+        with stop.installed():
+            while step < total_steps:
+                batch = next(batcher)
+                step_key = jax.random.fold_in(base_key, step)
+                d_batch = runner.put_rows(batch, axis=0)
+                d_train, d_lstm, metrics = runner.step(
+                    d_train, d_lstm, d_batch, jax.random.fold_in(step_key, 0),
+                    runner.dropout_rngs(jax.random.fold_in(step_key, 1)),
+                )
+                step += 1
+                pending.append((step, metrics))
+                bar.update(1)
+                if step % cfg.log_every == 0 or step == total_steps:
+                    m = flush(step)
+                    elapsed = time.perf_counter() - window_start
+                    m["tokens_per_sec"] = tokens_per_step * (step - window_step) / max(elapsed, 1e-9)
+                    m["epoch"] = step / steps_per_epoch
+                    if not selection.sampled:
+                        m["perplexity"] = math.exp(0.5 * (m["fwd_loss"] + m["bwd_loss"]))
+                    writer.write(step, "train", m)
+                    postfix = {"epoch": f"{m['epoch']:.2f}", "tok/s": f"{m['tokens_per_sec']:.0f}", "loss": f"{m['loss']:.3f}"}
+                    if "perplexity" in m:
+                        postfix["ppl"] = f"{m['perplexity']:.1f}"
+                    bar.set_postfix(postfix)
+                    summary["train"] = m
+                    window_start, window_step = time.perf_counter(), step
+                if cfg.eval_every and step % cfg.eval_every == 0 and eval_fn is not None and step < total_steps:
+                    run_eval(step)
+                if step % cfg.checkpoint_every == 0 and step < total_steps:
+                    save(step)
+                if stop.signal is not None:
+                    save(step)
+                    ckpts.wait()
+                    log(f"\n{stop.signal}: saved {ckpts.path(step)}; resume with the same command")
+                    summary.update(step=step, interrupted=stop.signal, checkpoint=ckpts.path(step))
+                    return summary
+            if last_saved != step:
+                save(step)
+            ckpts.wait()
+            bar.close()
+            if eval_fn is not None:
+                summary["eval"] = run_eval(step)
+    finally:
+        bar.close()
+        writer.close()
+        ckpts.close()
+    summary.update(step=step, interrupted=None, checkpoint=ckpts.path(step), steps_per_epoch=steps_per_epoch)
+    summary["params"] = runner.get_train_state(d_train)["params"]
+    summary["vocab"] = vocab
+    summary["model_config"] = model_config
+    summary["corpus_dir"] = data.corpus_dir
+    log(f"final checkpoint: {ckpts.path(step)}")
+    log(f"export it for embedding with:  elmo-jax export {workdir} OUT_DIR")
+    return summary

@@ -1,0 +1,159 @@
+"""The pure pretraining step: the two LM losses, their gradient, one optimizer update.
+
+Everything here is a function of explicit pytrees; parallelism (``pmap`` over devices, the
+``jit`` + mesh form) wraps these functions without changing them.  Inside a parallel map
+the functions reduce over ``axis_name`` so the loss and the gradient are those of the
+*global* batch: per-position losses are summed, token counts are summed over devices, and
+the mean is taken once.  Run without ``axis_name`` on one device, the same code gives the
+same numbers for the same global batch.
+
+Train state (a plain dict pytree)::
+
+    params    {"bilm": encoder + LSTM params, "softmax": {"w": [V, P], "b": [V]}}
+    opt_state optax state of the optimizer
+    step      int32 scalar
+
+LSTM state (carried across windows, gradients stopped at the window edge):
+``{"h": [L, 2, B, P], "c": [L, 2, B, H]}``, direction 0 forward, 1 backward.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from elmo_jax.config import ElmoConfig
+from elmo_jax.model.bilm import init_params
+from elmo_jax.model.encoder import encode_tokens
+from elmo_jax.model.lstm import dropout, lstm_stack
+from elmo_jax.train.losses import full_softmax_loss, init_softmax
+
+LossFn = Callable[..., jax.Array]
+
+
+def make_optimizer(learning_rate: float, initial_accumulator: float, clip_norm: float) -> optax.GradientTransformation:
+    """The original recipe: global-norm clipping, then Adagrad (no schedule)."""
+    return optax.chain(
+        optax.clip_by_global_norm(clip_norm),
+        optax.adagrad(learning_rate, initial_accumulator_value=initial_accumulator, eps=1e-7),
+    )
+
+
+def init_train_state(key: jax.Array, config: ElmoConfig, vocab_size: int, optimizer) -> dict:
+    """Fresh params (biLM + softmax shared by both directions) and optimizer state."""
+    k_bilm, k_softmax = jax.random.split(key)
+    params = {
+        "bilm": init_params(k_bilm, config),
+        "softmax": init_softmax(k_softmax, vocab_size, config.projection_dim),
+    }
+    return {"params": params, "opt_state": optimizer.init(params), "step": jnp.zeros((), jnp.int32)}
+
+
+def _psum(x, axis_name):
+    return x if axis_name is None else jax.lax.psum(x, axis_name)
+
+
+def lm_losses(
+    params: dict,
+    config: ElmoConfig,
+    batch: dict,
+    lstm_state: dict,
+    loss_fn: LossFn,
+    *,
+    sample_rng: jax.Array | None = None,
+    dropout_rng: jax.Array | None = None,
+    dropout_rate: float = 0.0,
+    dtype=jnp.float32,
+    axis_name: str | None = None,
+) -> tuple[jax.Array, tuple[dict, dict]]:
+    """The objective ``0.5 * (forward + backward)`` mean cross-entropy over the global batch.
+
+    ``batch``: ``{fwd,bwd}_char_ids [B, T, C]``, ``{fwd,bwd}_targets [B, T]``,
+    ``{fwd,bwd}_mask [B, T]``.  ``loss_fn(softmax, h, targets, key)`` gives per-position
+    losses (sampled or full softmax); it gets keys from ``sample_rng`` (the same on every
+    device, so one set of negatives serves the global batch); ``dropout_rng`` should
+    differ per device.  Returns the loss, the new LSTM state (gradient
+    stopped) and per-direction sums and counts for metrics.
+    """
+    ids_RBTC = jnp.stack([batch["fwd_char_ids"], batch["bwd_char_ids"]])
+    targets_RBT = jnp.stack([batch["fwd_targets"], batch["bwd_targets"]])
+    mask_RBT = jnp.stack([batch["fwd_mask"], batch["bwd_mask"]]).astype(jnp.float32)
+    real_RBT = jnp.any(ids_RBTC > 0, axis=-1)
+    x_RBTP = encode_tokens(params["bilm"], config, ids_RBTC, dtype=dtype)
+    if dropout_rate > 0.0 and dropout_rng is None:
+        raise ValueError("dropout_rate > 0 needs a dropout_rng")
+    k_lstm, k_top = jax.random.split(dropout_rng) if dropout_rate > 0.0 else (None, None)
+    k_fwd, k_bwd = jax.random.split(sample_rng if sample_rng is not None else jax.random.key(0))
+    outputs, new_state = lstm_stack(
+        params["bilm"]["lstm"], config, x_RBTP, real_RBT, lstm_state,
+        dropout_rate=dropout_rate, rng=k_lstm, dtype=dtype,
+    )
+    top_RBTP = outputs[-1]
+    if dropout_rate > 0.0:
+        top_RBTP = dropout(k_top, top_RBTP, dropout_rate)
+    # Negatives are drawn per direction but shared by every position (and device) of the batch.
+    losses = [
+        loss_fn(params["softmax"], top_RBTP[r], targets_RBT[r], k) for r, k in enumerate((k_fwd, k_bwd))
+    ]
+    sums = [jnp.sum(l * mask_RBT[r]) for r, l in enumerate(losses)]
+    counts = [jax.lax.stop_gradient(_psum(jnp.sum(mask_RBT[r]), axis_name)) for r in range(2)]
+    loss = 0.5 * sum(s / jnp.maximum(c, 1.0) for s, c in zip(sums, counts))
+    metrics = {
+        "fwd_loss_sum": jax.lax.stop_gradient(sums[0]),
+        "bwd_loss_sum": jax.lax.stop_gradient(sums[1]),
+        "fwd_count": counts[0],
+        "bwd_count": counts[1],
+    }
+    return loss, (jax.lax.stop_gradient(new_state), metrics)
+
+
+def train_step(
+    train_state: dict,
+    lstm_state: dict,
+    batch: dict,
+    sample_rng: jax.Array,
+    dropout_rng: jax.Array,
+    *,
+    config: ElmoConfig,
+    optimizer: optax.GradientTransformation,
+    loss_fn: LossFn,
+    dropout_rate: float,
+    dtype=jnp.float32,
+    axis_name: str | None = None,
+) -> tuple[dict, dict, dict]:
+    """One update -> (new train state, new LSTM state, metrics of the global batch)."""
+    params = train_state["params"]
+
+    def objective(p):
+        return lm_losses(
+            p, config, batch, lstm_state, loss_fn, sample_rng=sample_rng, dropout_rng=dropout_rng,
+            dropout_rate=dropout_rate, dtype=dtype, axis_name=axis_name,
+        )
+
+    (loss, (new_lstm_state, metrics)), grads = jax.value_and_grad(objective, has_aux=True)(params)
+    grads = _psum(grads, axis_name)
+    metrics = {k: (_psum(v, axis_name) if k.endswith("_sum") else v) for k, v in metrics.items()}
+    metrics["loss"] = _psum(loss, axis_name)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    updates, opt_state = optimizer.update(grads, train_state["opt_state"], params)
+    new_state = {
+        "params": optax.apply_updates(params, updates),
+        "opt_state": opt_state,
+        "step": train_state["step"] + 1,
+    }
+    return new_state, new_lstm_state, metrics
+
+
+def eval_step(params: dict, lstm_state: dict, batch: dict, *, config: ElmoConfig, dtype=jnp.float32,
+              chunk_size: int | None = None, axis_name: str | None = None) -> tuple[dict, dict]:
+    """Full-softmax loss sums and counts per direction, no dropout, state carried."""
+
+    def full(softmax, h, targets, key):
+        return full_softmax_loss(softmax, h, targets, chunk_size=chunk_size)
+
+    _, (new_state, metrics) = lm_losses(params, config, batch, lstm_state, full, dtype=dtype, axis_name=axis_name)
+    metrics = {k: (_psum(v, axis_name) if k.endswith("_sum") else v) for k, v in metrics.items()}
+    return new_state, metrics
