@@ -1,0 +1,110 @@
+"""Probes on vectors whose answer is known."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from elmo_jax import probes as P
+from elmo_jax.data import synthetic as S
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    lang = S.make_language(0)
+    rng = np.random.default_rng(10)
+    sents, labels = S.sample_corpus(lang, 1000, rng)
+    return lang, sents, labels
+
+
+def _row(rows, view):
+    return next(r for r in rows if r["view"] == view)
+
+
+def test_oracle_vectors_resolve_senses_by_side(corpus):
+    """Exact posteriors: full layers ~100%, each half fails on the other side's words."""
+    lang, sents, labels = corpus
+    emb = S.oracle_embeddings(lang, sents)
+    rows = P.probe_table(emb, labels, sentences=sents, class_steps=100)
+    assert [r["view"] for r in rows] == ["layer 0", "layer 1", "layer 1 fwd", "layer 1 bwd",
+                                         "layer 2", "layer 2 fwd", "layer 2 bwd",
+                                         "majority baseline"]
+    base = _row(rows, "majority baseline")
+    full, fwd, bwd = _row(rows, "layer 1"), _row(rows, "layer 1 fwd"), _row(rows, "layer 1 bwd")
+    assert full["wsd"] > 0.99 and full["n_wsd_test"] > 100
+    assert fwd["wsd_left"] > 0.99 and fwd["wsd_both"] > 0.99
+    assert bwd["wsd_right"] > 0.99 and bwd["wsd_both"] > 0.99
+    assert fwd["wsd_right"] < 0.75 and bwd["wsd_left"] < 0.75  # about chance
+    assert _row(rows, "layer 0")["wsd"] < 0.75  # the word alone says nothing about its sense
+    assert base["wsd"] < 0.7
+    assert full["word_class"] > 0.98 and base["word_class"] < 0.4
+    assert 0.9 < base["word_class_per_word"] < full["word_class"]
+    text = P.format_probe_table(rows)
+    assert "layer 2 bwd" in text and "majority baseline" in text
+
+
+def test_random_vectors_score_like_chance(corpus):
+    _, sents, labels = corpus
+    rng = np.random.default_rng(0)
+    emb = [rng.normal(size=(3, len(s), 32)).astype(np.float32) for s in sents]
+    rows = P.probe_table(emb, labels, class_steps=100)
+    base = _row(rows, "majority baseline")
+    for r in rows[:-1]:
+        assert 0.3 < r["wsd"] < 0.7, r  # two roughly balanced senses per word
+        assert abs(r["word_class"] - base["word_class"]) < 0.06, r
+
+
+def test_nearest_neighbour_only_looks_at_the_same_word():
+    # the nearest training vector overall belongs to another word with another sense
+    vectors = np.array([[1.0, 0.0], [0.0, 1.0], [0.9, 0.1], [1.0, 0.05]])
+    senses = ["a#x", "b#y", "b#z", "b#y"]
+    is_test = np.array([False, False, False, True])
+    out = P.wsd_nearest_neighbour(vectors, senses, is_test)
+    assert out["acc"] == 0.0  # nearest 'b' is b#z -> wrong, though a#x is closer
+    out = P.wsd_nearest_neighbour(vectors[[0, 1, 2, 3]], ["a#x", "b#z", "b#y", "b#y"], is_test)
+    assert out["acc"] == 1.0
+    assert out["majority"] == 0.0 or out["majority"] == 1.0
+
+
+def test_majority_baseline_and_sides():
+    senses = ["w#a"] * 6 + ["w#b"] * 2 + ["v#a", "v#b", "v#b", "v#b"]
+    sides = ["left"] * 8 + ["right"] * 4
+    is_test = np.array([0, 0, 0, 0, 1, 1, 0, 1, 0, 0, 0, 1], dtype=bool)
+    vectors = np.random.default_rng(0).normal(size=(12, 4))
+    out = P.wsd_nearest_neighbour(vectors, senses, is_test, sides)
+    # w: train majority a; test a, a, b -> 2/3.  v: train {a, b, b}: majority b; test b -> 1
+    assert out["majority_left"] == pytest.approx(2 / 3)
+    assert out["majority_right"] == 1.0
+    assert out["n_left"] == 3 and out["n_right"] == 1 and math.isnan(out["acc_both"])
+    assert out["majority"] == pytest.approx(3 / 4)
+
+
+def test_logistic_regression_learns_separable_classes():
+    rng = np.random.default_rng(1)
+    centres = rng.normal(size=(5, 20)) * 3
+    y = rng.integers(0, 5, 3000)
+    x = centres[y] + rng.normal(size=(3000, 20))
+    acc = P.logistic_regression_probe(x[:2000], y[:2000], x[2000:], y[2000:])
+    assert acc > 0.97
+    noise = rng.normal(size=(3000, 20))
+    assert P.logistic_regression_probe(noise[:2000], y[:2000], noise[2000:], y[2000:]) < 0.35
+
+
+def test_split_is_deterministic():
+    a, b = P.split_sentences(101, 0.5, seed=3), P.split_sentences(101, 0.5, seed=3)
+    assert (a == b).all() and a.sum() == 50
+    assert not (a == P.split_sentences(101, 0.5, seed=4)).all()
+    with pytest.raises(ValueError, match="test_fraction"):
+        P.split_sentences(10, 1.0)
+
+
+def test_bad_shapes_are_reported(corpus):
+    _, sents, labels = corpus
+    emb = [np.zeros((3, len(s), 8), np.float32) for s in sents[:5]]
+    with pytest.raises(ValueError, match="label"):
+        P.probe_table(emb, labels[:4])
+    emb[2] = np.zeros((3, len(sents[2]) + 1, 8), np.float32)
+    with pytest.raises(ValueError, match=r"embeddings\[2\]"):
+        P.probe_table(emb, labels[:5])
