@@ -50,9 +50,11 @@ separated by single spaces, UTF-8), ``train.labels.jsonl`` / ``heldout.labels.js
 tokens; ``"-"`` marks tokens without a sense) and ``stats.json``.  The same seed gives
 byte-identical files.  :func:`add_corpus_command` registers ``elmo-jax corpus``.
 
-Default size (:data:`DEFAULT_N_TRAIN` = 30,000 training sentences, about 300k tokens, and
-:data:`DEFAULT_N_HELDOUT` = 2,000 held-out sentences) is chosen so that the ``tiny`` preset
-sees the corpus a few times in about ten minutes on two CPU cores.
+Default size (:data:`DEFAULT_N_TRAIN` = 40,000 training sentences, about 300k tokens, mean
+length 7.6, lengths 1..40; :data:`DEFAULT_N_HELDOUT` = 2,000 held-out sentences, about 15.7k
+tokens) is chosen so that the ``tiny`` preset sees the corpus a few times in about ten minutes
+on two CPU cores.  With seed 0 the language has 2,006 word forms (1,940 occur in training);
+held-out perplexities: optimum 23.1, bigram 38.5, unigram 277.
 """
 
 from __future__ import annotations
@@ -868,6 +870,10 @@ def oracle_embeddings(language: SyntheticLanguage, sentences: Sequence[Sequence[
     out = []
     idx = language._word_index  # noqa: SLF001 - same module
     for s in sentences:
+        unknown = [w for w in s if w not in idx]
+        if unknown or not s:
+            raise ValueError(f"cannot embed {list(s)!r}: empty or with forms the language "
+                             f"lacks ({unknown[:5]})")
         ids = [idx[w] for w in s]
         e = language.emit[:, ids].T  # [n, S]
         n, n_states = e.shape
