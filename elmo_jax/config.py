@@ -106,6 +106,8 @@ class ElmoConfig:
                 f"unknown ElmoConfig field(s) {sorted(unknown)}; valid: "
                 f"{sorted(cnn_fields | lstm_fields)}"
             )
+        if "filters" in changes:
+            changes["filters"] = tuple((int(w), int(n)) for w, n in changes["filters"])
         cnn = dataclasses.replace(self.char_cnn, **{k: v for k, v in changes.items() if k in cnn_fields})
         lstm = dataclasses.replace(self.lstm, **{k: v for k, v in changes.items() if k in lstm_fields})
         return ElmoConfig(char_cnn=cnn, lstm=lstm)
