@@ -29,7 +29,7 @@ SCRIPT = textwrap.dedent(
     sents = [list(rng.choice(words, size=rng.integers(1, 10))) for _ in range(200)]
     vocab = Vocabulary.build(sents)
     loss = make_loss_fn(len(vocab), int(sys.argv[1]))
-    opt = make_optimizer(0.2, 1.0, 10.0)
+    opt = make_optimizer("adagrad", 0.2, 1.0, 10.0)
     kwargs = dict(config=cfg, optimizer=opt, loss_fn=loss.fn, dropout_rate=0.0)
     state0 = jax.tree.map(np.asarray, init_train_state(jax.random.key(0), cfg, len(vocab), opt))
     lstm0 = jax.tree.map(np.asarray, zero_state(cfg, 8))

@@ -46,6 +46,7 @@ __all__ = [
 ]
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
+OPTIMIZERS = ("adagrad", "adam")
 PARALLEL_MODES = ("pmap", "mesh")
 DEFAULT_CONFIG = "configs/tiny.py"
 
@@ -74,8 +75,9 @@ class TrainConfig:
     Objective and optimiser
       num_negatives: sampled-softmax negatives per step; the full softmax is used when the
         vocabulary is not larger than this.
-      learning_rate: Adagrad learning rate.
-      initial_accumulator: Adagrad's initial accumulator value.
+      optimizer: ``"adagrad"`` (the original recipe) or ``"adam"``.
+      learning_rate: the optimizer's learning rate.
+      initial_accumulator: Adagrad's initial accumulator value (unused by Adam).
       clip_norm: global-norm gradient clipping threshold (after averaging over devices).
       dropout: dropout rate on LSTM inputs and the top LSTM output.
     Schedule
@@ -102,6 +104,7 @@ class TrainConfig:
     batch_size_per_device: int | None = None
     unroll_steps: int = 20
     num_negatives: int = 8192
+    optimizer: str = "adagrad"
     learning_rate: float = 0.2
     initial_accumulator: float = 1.0
     clip_norm: float = 10.0
@@ -184,6 +187,8 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError(
             f"compute_dtype {cfg.compute_dtype!r} is not supported; use one of {', '.join(COMPUTE_DTYPES)}"
         )
+    if cfg.optimizer not in OPTIMIZERS:
+        raise ConfigError(f"optimizer {cfg.optimizer!r} is not supported; use one of {', '.join(OPTIMIZERS)}")
     if cfg.parallel not in PARALLEL_MODES:
         raise ConfigError(f"parallel {cfg.parallel!r} is not supported; use one of {', '.join(PARALLEL_MODES)}")
     if not cfg.data:

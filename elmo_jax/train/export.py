@@ -60,7 +60,7 @@ def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) 
     try:
         meta = ckpts.read_meta(step)
         step = int(meta["step"]) if step is None else step
-        optimizer = make_optimizer(train_config.learning_rate, train_config.initial_accumulator, train_config.clip_norm)
+        optimizer = make_optimizer(train_config.optimizer, train_config.learning_rate, train_config.initial_accumulator, train_config.clip_norm)
         template = jax.eval_shape(
             lambda: (init_train_state(jax.random.key(0), model_config, len(vocab), optimizer),
                      zero_state(model_config, int(meta["local_batch"])))

@@ -271,7 +271,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
 
     selection = make_loss_fn(len(vocab), cfg.num_negatives)
     log(selection.message)
-    optimizer = make_optimizer(cfg.learning_rate, cfg.initial_accumulator, cfg.clip_norm)
+    optimizer = make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.initial_accumulator, cfg.clip_norm)
     dtype = jnp.bfloat16 if cfg.compute_dtype == "bfloat16" else jnp.float32
     runner = make_runner(cfg.parallel, dict(
         config=model_config, optimizer=optimizer, loss_fn=selection.fn, dropout_rate=cfg.dropout, dtype=dtype,

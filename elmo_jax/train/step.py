@@ -34,12 +34,16 @@ from elmo_jax.train.losses import full_softmax_loss, init_softmax
 LossFn = Callable[..., jax.Array]
 
 
-def make_optimizer(learning_rate: float, initial_accumulator: float, clip_norm: float) -> optax.GradientTransformation:
-    """The original recipe: global-norm clipping, then Adagrad (no schedule)."""
-    return optax.chain(
-        optax.clip_by_global_norm(clip_norm),
-        optax.adagrad(learning_rate, initial_accumulator_value=initial_accumulator, eps=1e-7),
-    )
+def make_optimizer(name: str, learning_rate: float, initial_accumulator: float, clip_norm: float
+                   ) -> optax.GradientTransformation:
+    """Global-norm clipping, then Adagrad (the original recipe, no schedule) or Adam."""
+    if name == "adagrad":
+        update = optax.adagrad(learning_rate, initial_accumulator_value=initial_accumulator, eps=1e-7)
+    elif name == "adam":
+        update = optax.adam(learning_rate)
+    else:
+        raise ValueError(f"optimizer must be 'adagrad' or 'adam', got {name!r}")
+    return optax.chain(optax.clip_by_global_norm(clip_norm), update)
 
 
 def init_train_state(key: jax.Array, config: ElmoConfig, vocab_size: int, optimizer) -> dict:
