@@ -41,6 +41,7 @@ def _train(args: argparse.Namespace) -> int:
     from elmo_jax.train.loop import train
     from elmo_jax.train.report import synthetic_report
 
+    _quiet_data_preparation()
     cfg, rest = parse_config_args(args.config_args)
     if rest:
         raise ValueError(f"unrecognised arguments: {' '.join(rest)}")
@@ -53,6 +54,16 @@ def _train(args: argparse.Namespace) -> int:
         print(synthetic_report(summary["corpus_dir"], summary["params"]["bilm"], summary["model_config"],
                                summary.get("eval")))
     return 0
+
+
+def _quiet_data_preparation() -> None:
+    """TFDS's per-split progress bars and absl notices would drown the training log."""
+    import logging
+
+    import tensorflow_datasets as tfds
+
+    tfds.disable_progress_bar()
+    logging.getLogger("absl").setLevel(logging.ERROR)
 
 
 def _maybe_init_distributed(args: argparse.Namespace) -> None:
