@@ -1,8 +1,9 @@
-"""Default config: the ``tiny`` model on the embedded synthetic corpus, on a laptop CPU.
+"""Default config: the ``tiny`` preset on the embedded synthetic corpus, on a laptop CPU.
 
-Three passes over the default synthetic corpus (about 40k sentences) take roughly ten minutes
-on two CPU cores.  Its vocabulary is far smaller than ``num_negatives``, so the training loop
-switches to the full softmax automatically (and says so).
+The corpus (40k sentences, about 300k tokens) has a vocabulary far smaller than
+``num_negatives``, so the loop switches to the full softmax (and says so).  Adam instead of
+the original's Adagrad: at this scale Adagrad 0.2 needs many more passes to converge (three
+epochs reached held-out perplexity 60 against the optimum's 23; Adam reaches about 25).
 """
 
 from elmo_jax.train.config_loader import TrainConfig
@@ -15,15 +16,15 @@ def get_config() -> TrainConfig:
         batch_size=32,  # global, split over the local devices
         unroll_steps=20,
         num_negatives=8192,
-        learning_rate=0.2,
-        initial_accumulator=1.0,
+        optimizer="adam",
+        learning_rate=0.003,
         clip_norm=10.0,
         dropout=0.1,
-        epochs=3,
+        epochs=5,
         compute_dtype="float32",
         checkpoint_every=500,
         keep_checkpoints=3,
-        eval_every=0,
+        eval_every=1000,
         log_every=50,
         parallel="pmap",
     )
