@@ -106,6 +106,31 @@ def _export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _embed(args: argparse.Namespace) -> int:
+    """Embed a text file (one sentence per line) into HDF5 (elmo_jax.embed_file)."""
+    from elmo_jax.embed_file import embed_file
+    from elmo_jax.embedder import Elmo
+
+    if args.model and args.preset:
+        raise ValueError("give --model DIR or --preset NAME, not both")
+    if not args.model and not args.preset:
+        raise ValueError(
+            "no model: pass --model DIR (a folder with options.json + weights.hdf5, e.g. from "
+            "`elmo-jax export`); there is no downloadable default. For a trial run, "
+            "--preset tiny embeds with a RANDOM model (meaningless vectors)"
+        )
+    if args.batch_size < 1:
+        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    elmo = Elmo.load(args.model) if args.model else Elmo.random(args.preset, seed=args.seed)
+    start = time.perf_counter()
+    out = embed_file(elmo, args.input, args.output, args.layers, batch_size=args.batch_size,
+                     overwrite=args.overwrite, progress=not args.no_progress)
+    seconds = time.perf_counter() - start
+    print(f"wrote {out['sentences']} sentences ({out['tokens']} tokens, layers={args.layers}) to "
+          f"{out['output']} in {seconds:.1f} s")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="elmo-jax", description="ELMo in JAX: pretrain, export and embed."
@@ -144,6 +169,26 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("--step", type=int, help="checkpoint step (default latest)")
     ex.add_argument("--overwrite", action="store_true")
     ex.set_defaults(func=_export)
+
+    em = sub.add_parser(
+        "embed", help="embed a text file (one sentence per line) into HDF5",
+        description="Write one dataset per input line ('0', '1', ...): [L+1, n_tokens, 2P] with --all, "
+                    "[n_tokens, 2P] with --top/--average, plus 'sentence_to_index' (JSON).",
+    )
+    em.add_argument("input", help="UTF-8 text, one whitespace-tokenized sentence per line")
+    em.add_argument("output", help="the HDF5 file to write")
+    which = em.add_mutually_exclusive_group(required=True)
+    which.add_argument("--all", dest="layers", action="store_const", const="all", help="all layers")
+    which.add_argument("--top", dest="layers", action="store_const", const="top", help="the top layer")
+    which.add_argument("--average", dest="layers", action="store_const", const="average",
+                       help="the mean of the layers")
+    em.add_argument("--model", help="model folder (options.json + weights.hdf5)")
+    em.add_argument("--preset", help="instead of --model: a RANDOM model of this preset, for trials")
+    em.add_argument("--seed", type=int, default=0, help="seed of the --preset model")
+    em.add_argument("--batch-size", type=int, default=64)
+    em.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    em.add_argument("--no-progress", action="store_true", help="no progress bar")
+    em.set_defaults(func=_embed)
 
     from elmo_jax.data.synthetic import add_corpus_command
 

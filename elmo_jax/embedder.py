@@ -3,45 +3,115 @@
     elmo = Elmo.load("path/to/model")            # options.json + weights.hdf5
     vectors = elmo.embed(["She went to the bank .", ["tokens", "as", "a", "list"]])
     vectors[0].shape                             # (L+1, n_tokens, 2P)
+    elmo.embed(sentences, layers="top")          # [n_tokens, 2P] each; also "average", "mix"
+    elmo.sentence_vectors(sentences)             # [N, 2P]: mean over tokens
 
-Batching and compilation: sentences are grouped into padded arrays of shape
-``[rows, time]`` where ``time`` is a power of two >= 8 (the bucket of the longest sentence
-in the group) and ``rows`` is a power of two <= ``batch_size``.  Each distinct shape is
-compiled once per ``Elmo`` object, so the number of compilations is at most
-``len(time buckets used) * (log2(batch_size) + 1)`` whatever the input;
-``elmo.compiled_shapes`` lists them.
+Batching and compilation
+------------------------
+Sentences are grouped into padded arrays ``[rows, time]``.  The model runs its LSTMs over
+``time + 2`` steps (it adds ``<S>`` and ``</S>`` inside), so the *scan length* ``time + 2``
+is what is bucketed: it is the smallest value of the ladder
+
+    8, 12, 16, 24, 32, 48, 64, 96, 128, ...   (2^k and 1.5 * 2^k, k >= 3)
+
+that holds ``n + 2`` for the longest sentence of the group (``n`` tokens).  Consecutive
+rungs differ by at most 1.5x, so at most a third of the steps is padding (the original
+power-of-two scheme wasted up to half).  ``time_bucket(n)`` returns ``time`` (the rung minus
+2: 6, 10, 14, 22, 30, 46, 62, ...).  Sentences are sorted by length, each goes to its
+bucket, and each bucket is cut into groups of ``batch_size`` rows; a group's ``rows`` is
+the next power of two (capped at ``batch_size``).  Each distinct ``(rows, time)`` is
+compiled once per ``Elmo`` object, so the number of compilations is bounded whatever the
+input and however many calls::
+
+    max_compiled_shapes(max_len) = n_time_buckets(max_len) * n_row_buckets(batch_size)
+    n_time_buckets(m) = number of rungs <= rung(m + 2)       (about 2 log2((m + 2) / 8) + 1)
+    n_row_buckets(b)  = ceil(log2(b)) + 1                    (1, 2, 4, ..., b)
+
+e.g. sentences up to 60 tokens at ``batch_size=64`` compile at most 6 * 7 = 42 shapes, and
+in practice far fewer (a full batch per bucket plus one partial group).
+``elmo.compiled_shapes`` lists the shapes compiled so far.  ``stateful=True`` always uses
+``rows = batch_size`` (the rows of the carried state).
+
+Token-vector cache
+------------------
+``elmo.cache_vocabulary(words)`` runs the char CNN once over a vocabulary and keeps the
+context-free vectors ``[n_vocab, P]`` (layer 0's first half).  While a cache is set,
+``embed`` looks cached words up instead of running the CNN; only the group's distinct
+uncached words go through the CNN (padded to a power of two >= 16 tokens, so that encoder
+compiles at most ``log2(batch_size * time) - 3`` times per time bucket), and the LSTMs run
+from the token vectors (:func:`elmo_jax.model.bilm.bilm_from_token_vectors`).  The results
+equal the uncached ones to float rounding (<= 1e-6).  Those compilations are listed in
+``elmo.compiled_cache_shapes``.  ``save_token_cache`` / ``load_token_cache`` store it as
+HDF5 with one dataset ``embedding`` ``[n_vocab, P]`` (the originals' token-embedding file).
 """
 
 from __future__ import annotations
 
+import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+import h5py
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax import chars
 from elmo_jax.config import ConfigError, ElmoConfig
-from elmo_jax.model.bilm import bilm, init_params
+from elmo_jax.errors import ElmoError
+from elmo_jax.model.bilm import bilm, bilm_from_token_vectors, init_params
+from elmo_jax.model.encoder import encode_tokens
+from elmo_jax.model.heads import scalar_mix
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.weights import load_weights, save_weights
 
 OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
-MIN_TIME_BUCKET = 8
+MIN_SCAN_LENGTH = 8
+N_MARKERS = 2
+MIN_ENCODER_TOKENS = 16
+# Above this many sentences, ``embed(progress=None)`` shows a progress bar.
+PROGRESS_THRESHOLD = 1000
+LAYER_MODES = ("all", "top", "average", "mix")
 
 Sentence = str | Sequence[str]
 
 
+def scan_length_bucket(n_steps: int) -> int:
+    """The smallest rung of 8, 12, 16, 24, 32, 48, ... that is >= ``n_steps``."""
+    n_steps = max(n_steps, MIN_SCAN_LENGTH)
+    k = (n_steps - 1).bit_length() - 1  # 2^k < n_steps <= 2^(k+1)
+    if n_steps <= 3 << (k - 1):
+        return 3 << (k - 1)
+    return 1 << (k + 1)
+
+
 def time_bucket(n_tokens: int) -> int:
-    """The padded length used for a group whose longest sentence has ``n_tokens``."""
-    return max(MIN_TIME_BUCKET, 1 << max(0, n_tokens - 1).bit_length())
+    """The padded token length of a group whose longest sentence has ``n_tokens``."""
+    return scan_length_bucket(n_tokens + N_MARKERS) - N_MARKERS
+
+
+def time_buckets(max_len: int) -> list[int]:
+    """Every padded token length used for sentences of 0..``max_len`` tokens."""
+    out, t = [], time_bucket(0)
+    while True:
+        out.append(t)
+        if t >= max_len:
+            return out
+        t = time_bucket(t + 1)
 
 
 def row_bucket(n_rows: int, batch_size: int) -> int:
     """The padded number of rows for a group of ``n_rows`` sentences."""
     return min(batch_size, 1 << max(0, n_rows - 1).bit_length())
+
+
+def n_row_buckets(batch_size: int) -> int:
+    return math.ceil(math.log2(batch_size)) + 1
+
+
+def _encoder_bucket(n_tokens: int) -> int:
+    return max(MIN_ENCODER_TOKENS, 1 << max(0, n_tokens - 1).bit_length())
 
 
 class Elmo:
@@ -60,8 +130,14 @@ class Elmo:
         self.params = jax.tree.map(jnp.asarray, params)
         self.batch_size = batch_size
         self.compiled_shapes: set[tuple[int, int]] = set()
+        self.compiled_cache_shapes: set[tuple[str, int] | tuple[str, int, int]] = set()
         self._state: dict | None = None
         self._forward = jax.jit(bilm, static_argnums=1)
+        self._forward_vectors = jax.jit(bilm_from_token_vectors, static_argnums=1)
+        self._encode = jax.jit(encode_tokens, static_argnums=1)
+        self._cache_words: list[str] | None = None
+        self._cache_index: dict[str, int] = {}
+        self._cache_vectors: np.ndarray | None = None
 
     # -- construction and persistence -------------------------------------------------
     @classmethod
@@ -73,15 +149,24 @@ class Elmo:
         weight_file: str | os.PathLike | None = None,
         batch_size: int = 64,
     ) -> "Elmo":
-        """From a folder (``options.json`` + ``weights.hdf5``) or from the two files."""
+        """From a folder or from the two files.
+
+        A folder holds ``options.json`` + ``weights.hdf5`` (what :meth:`save` and
+        ``elmo-jax export`` write; other files beside them, such as an export's
+        ``vocab.txt`` and ``softmax.hdf5``, are ignored).  Folders of the released models,
+        with one ``*options*.json`` and one ``*weights*.hdf5`` under other names, load too.
+        Raises ``FileNotFoundError`` naming a missing file and
+        :class:`elmo_jax.weights.WeightFileError` naming the first dataset that does not
+        fit the options.
+        """
         if model_dir is not None:
             if options_file is not None or weight_file is not None:
                 raise ValueError("give either model_dir or options_file + weight_file, not both")
             model_dir = os.fspath(model_dir)
             if not os.path.isdir(model_dir):
                 raise FileNotFoundError(f"model folder not found: {model_dir}")
-            options_file = os.path.join(model_dir, OPTIONS_FILE)
-            weight_file = _find_weight_file(model_dir)
+            options_file = _find_file(model_dir, OPTIONS_FILE, "options", ".json")
+            weight_file = _find_file(model_dir, WEIGHTS_FILE, "weights", ".hdf5")
         elif options_file is None or weight_file is None:
             raise ValueError("Elmo.load needs model_dir, or both options_file and weight_file")
         if not os.path.exists(options_file):
@@ -111,6 +196,13 @@ class Elmo:
         self.config.to_json_file(tmp)
         os.replace(tmp, targets[0])
 
+    # -- compilation bound ------------------------------------------------------------
+    def max_compiled_shapes(self, max_len: int, batch_size: int | None = None) -> int:
+        """The most ``(rows, time)`` shapes that embedding sentences of at most ``max_len``
+        tokens can ever compile (see the module docstring)."""
+        batch_size = self.batch_size if batch_size is None else batch_size
+        return len(time_buckets(max_len)) * n_row_buckets(batch_size)
+
     # -- embedding --------------------------------------------------------------------
     def reset_state(self) -> None:
         """Forget the LSTM state carried by ``stateful=True`` calls."""
@@ -118,20 +210,82 @@ class Elmo:
 
     def embed(
         self,
-        sentences: Sentence | Sequence[Sentence],
+        sentences: Sequence[Sentence],
+        layers: str = "all",
         *,
-        stateful: bool = False,
         batch_size: int | None = None,
+        stateful: bool = False,
+        progress: bool | None = None,
+        mix_params: dict | None = None,
     ) -> list[np.ndarray]:
-        """One float32 array ``[L+1, n_tokens, 2P]`` per sentence, in input order.
+        """One float32 array per sentence, in input order.
 
-        ``sentences``: strings (split on whitespace) or token lists, any lengths, any
-        order.  An empty sentence gives ``[L+1, 0, 2P]``.
+        ``sentences``: strings (split on whitespace) or token lists, any number, any
+        lengths, any order.  ``layers``:
+
+        * ``"all"``: ``[L+1, n_tokens, 2P]`` (layer 0 = token vectors ``[e; e]``);
+        * ``"top"``: ``[n_tokens, 2P]``, the last LSTM layer;
+        * ``"average"``: ``[n_tokens, 2P]``, the mean of the ``L+1`` layers;
+        * ``"mix"``: ``[n_tokens, 2P]``, :func:`elmo_jax.model.heads.scalar_mix` with
+          ``mix_params`` (``{"scalars": [L+1], "gamma": ()}``, e.g. a trained head).
+
+        An empty sentence gives ``[L+1, 0, 2P]`` (or ``[0, 2P]``).  ``progress``: a tqdm
+        bar; ``None`` shows it for more than 1000 sentences.  ``stateful``: carry the LSTM
+        state between batches (see the class docstring); the default is deterministic.
         """
-        if isinstance(sentences, str):
+        if isinstance(sentences, (str, bytes)):
+            raise TypeError("embed() takes a list of sentences; wrap a single sentence as [sentence]")
+        sentences = list(sentences)
+        out: list[np.ndarray | None] = [None] * len(sentences)
+        for indices, arrays in self._embed_groups(
+            sentences, layers, batch_size=batch_size, stateful=stateful, progress=progress, mix_params=mix_params
+        ):
+            for i, a in zip(indices, arrays):
+                out[i] = a
+        return out  # type: ignore[return-value]
+
+    def sentence_vectors(
+        self,
+        sentences: Sequence[Sentence],
+        layers: str = "average",
+        **kwargs,
+    ) -> np.ndarray:
+        """One vector per sentence: the mean over its tokens of ``embed(..., layers)``.
+
+        ``[N, 2P]`` for ``"average"`` (default, like TF Hub's ``default`` output),
+        ``"top"`` and ``"mix"``; ``[N, L+1, 2P]`` for ``"all"``.  Empty sentences give zeros.
+        Other keyword arguments go to :meth:`embed`.
+        """
+        vectors = self.embed(sentences, layers, **kwargs)
+        width = (self.config.output_dim,) if layers != "all" else (self.config.n_output_layers, self.config.output_dim)
+        out = np.zeros((len(vectors), *width), np.float32)
+        for i, v in enumerate(vectors):
+            n = v.shape[-2]
+            if n:
+                out[i] = v.mean(axis=-2)
+        return out
+
+    def _embed_groups(
+        self,
+        sentences: Sequence[Sentence],
+        layers: str = "all",
+        *,
+        batch_size: int | None = None,
+        stateful: bool = False,
+        progress: bool | None = None,
+        mix_params: dict | None = None,
+    ) -> Iterator[tuple[list[int], list[np.ndarray]]]:
+        """Yields ``(input indices, arrays)`` group by group (the engine of :meth:`embed`)."""
+        if isinstance(sentences, (str, bytes)):
             raise TypeError(
                 "embed() takes a list of sentences; wrap a single sentence as [sentence]"
             )
+        if layers not in LAYER_MODES:
+            raise ValueError(f"layers must be one of {', '.join(LAYER_MODES)}, got {layers!r}")
+        if layers == "mix":
+            mix_params = self._check_mix_params(mix_params)
+        elif mix_params is not None:
+            raise ValueError('mix_params is only used with layers="mix"')
         token_lists = [chars.tokenize(s) for s in sentences]
         batch_size = self.batch_size if batch_size is None else batch_size
         if batch_size < 1:
@@ -142,30 +296,69 @@ class Elmo:
                 f"{self.batch_size} (the number of carried state rows); create the Elmo "
                 f"with a larger batch_size"
             )
-        out: list[np.ndarray | None] = [None] * len(token_lists)
         if stateful:
             groups = [list(range(i, min(i + batch_size, len(token_lists))))
                       for i in range(0, len(token_lists), batch_size)]
         else:
-            empty = np.zeros((self.config.n_output_layers, 0, self.config.output_dim), np.float32)
-            for i, t in enumerate(token_lists):
-                if not t:
-                    out[i] = empty.copy()
-            order = sorted((i for i, t in enumerate(token_lists) if t), key=lambda i: len(token_lists[i]))
-            groups = [order[i : i + batch_size] for i in range(0, len(order), batch_size)]
-        for group in groups:
-            layers = self._run_group([token_lists[i] for i in group], stateful, batch_size)
-            for row, i in enumerate(group):
-                out[i] = np.ascontiguousarray(layers[:, row, : len(token_lists[i])])
-        return out  # type: ignore[return-value]
+            empty = [i for i, t in enumerate(token_lists) if not t]
+            if empty:
+                shape = (self.config.n_output_layers, 0, self.config.output_dim)
+                if layers != "all":
+                    shape = shape[1:]
+                yield empty, [np.zeros(shape, np.float32) for _ in empty]
+            by_bucket: dict[int, list[int]] = {}
+            for i in sorted((i for i, t in enumerate(token_lists) if t), key=lambda i: len(token_lists[i])):
+                by_bucket.setdefault(time_bucket(len(token_lists[i])), []).append(i)
+            groups = [idx[j : j + batch_size] for idx in by_bucket.values()
+                      for j in range(0, len(idx), batch_size)]
+        show = len(token_lists) > PROGRESS_THRESHOLD if progress is None else bool(progress)
+        bar = None
+        if show:
+            from tqdm.auto import tqdm
 
-    def _run_group(self, token_lists: list[list[str]], stateful: bool, batch_size: int) -> np.ndarray:
+            bar = tqdm(total=len(token_lists), unit="sent", desc="embed")
+            bar.update(len(token_lists) - sum(len(g) for g in groups))
+        try:
+            for group in groups:
+                out = self._run_group([token_lists[i] for i in group], stateful, batch_size)
+                out = self._reduce(out, layers, mix_params)
+                host = np.asarray(out)
+                if layers == "all":
+                    arrays = [np.ascontiguousarray(host[:, r, : len(token_lists[i])]) for r, i in enumerate(group)]
+                else:
+                    arrays = [np.ascontiguousarray(host[r, : len(token_lists[i])]) for r, i in enumerate(group)]
+                yield group, arrays
+                if bar is not None:
+                    bar.update(len(group))
+        finally:
+            if bar is not None:
+                bar.close()
+
+    def _check_mix_params(self, mix_params: dict | None) -> dict:
+        if mix_params is None:
+            raise ValueError(
+                'layers="mix" needs mix_params={"scalars": [L+1], "gamma": scalar} '
+                "(elmo_jax.model.heads.scalar_mix_init or a trained head)"
+            )
+        n = self.config.n_output_layers
+        scalars = np.asarray(mix_params.get("scalars"), np.float32)
+        if scalars.shape != (n,):
+            raise ValueError(f"mix_params['scalars'] must have shape ({n},), got {scalars.shape}")
+        return {"scalars": jnp.asarray(scalars), "gamma": jnp.asarray(mix_params.get("gamma", 1.0), jnp.float32)}
+
+    @staticmethod
+    def _reduce(layers_LBTD: jax.Array, layers: str, mix_params: dict | None) -> jax.Array:
+        if layers == "all":
+            return layers_LBTD
+        if layers == "top":
+            return layers_LBTD[-1]
+        if layers == "average":
+            return jnp.mean(layers_LBTD, axis=0)
+        return scalar_mix(mix_params, layers_LBTD)
+
+    def _run_group(self, token_lists: list[list[str]], stateful: bool, batch_size: int) -> jax.Array:
         n_rows = row_bucket(len(token_lists), batch_size) if not stateful else batch_size
         n_time = time_bucket(max(len(t) for t in token_lists))
-        ids = np.zeros((n_rows, n_time, self.config.char_cnn.max_characters_per_token), np.int32)
-        ids[: len(token_lists)] = chars.batch_to_ids(
-            token_lists, self.config.char_cnn.max_characters_per_token, max_length=n_time
-        )
         lengths = np.full((n_rows,), -1, np.int32)
         lengths[: len(token_lists)] = [len(t) for t in token_lists]
         state = None
@@ -173,31 +366,149 @@ class Elmo:
             if self._state is None:
                 self._state = zero_state(self.config, self.batch_size)
             state = jax.tree.map(lambda s: s[:, :, :n_rows], self._state)
-        self.compiled_shapes.add((n_rows, n_time))
-        layers, new_state = self._forward(self.params, self.config, ids, state, lengths)
+        if self._cache_vectors is not None:
+            e = self._token_vectors(token_lists, n_rows, n_time)
+            self.compiled_cache_shapes.add(("lstm", n_rows, n_time))
+            layers, new_state = self._forward_vectors(self.params, self.config, e, jnp.asarray(lengths), state)
+        else:
+            ids = np.zeros((n_rows, n_time, self.config.char_cnn.max_characters_per_token), np.int32)
+            ids[: len(token_lists)] = chars.batch_to_ids(
+                token_lists, self.config.char_cnn.max_characters_per_token, max_length=n_time
+            )
+            self.compiled_shapes.add((n_rows, n_time))
+            layers, new_state = self._forward(self.params, self.config, ids, state, lengths)
         if stateful:
             self._state = jax.tree.map(
                 lambda old, new: old.at[:, :, :n_rows].set(new), self._state, new_state
             )
-        return np.asarray(layers)
+        return layers
+
+    # -- context-free token-vector cache ------------------------------------------------
+    @property
+    def token_cache(self) -> tuple[list[str], np.ndarray] | None:
+        """``(words, vectors [n_vocab, P])`` of the active cache, or ``None``."""
+        if self._cache_vectors is None:
+            return None
+        return list(self._cache_words), self._cache_vectors
+
+    def cache_vocabulary(self, tokens: Sequence[str], batch_size: int = 1024) -> np.ndarray:
+        """Compute and keep the context-free vectors ``[n_vocab, P]`` of ``tokens``.
+
+        Row ``i`` is the char CNN's vector of ``tokens[i]`` (what layer 0 holds in each
+        half).  Later :meth:`embed` calls look these words up instead of running the CNN.
+        Repeated tokens are allowed (the first occurrence is used for look-ups).
+        """
+        words = self._check_vocab(tokens)
+        n_chars = self.config.char_cnn.max_characters_per_token
+        vectors = np.zeros((len(words), self.config.projection_dim), np.float32)
+        for start in range(0, len(words), batch_size):
+            chunk = words[start : start + batch_size]
+            vectors[start : start + len(chunk)] = self._encode_words(chunk, n_chars)
+        self._set_cache(words, vectors)
+        return vectors
+
+    def save_token_cache(self, path: str | os.PathLike) -> None:
+        """Write the active cache as HDF5: one dataset ``embedding`` ``[n_vocab, P]``
+        (the word list is not stored: keep the vocabulary file that produced it)."""
+        if self._cache_vectors is None:
+            raise ElmoError("no token cache: call cache_vocabulary(tokens) first")
+        path = os.fspath(path)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        try:
+            with h5py.File(tmp, "w") as f:
+                f.create_dataset("embedding", data=self._cache_vectors)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
+
+    def load_token_cache(self, path: str | os.PathLike, vocab: Sequence[str] | str | os.PathLike) -> None:
+        """Use a cache file written by :meth:`save_token_cache` (or the originals'
+        ``dump_token_embeddings``) whose rows belong to ``vocab``: a list of tokens or a
+        vocabulary file (one token per line, UTF-8)."""
+        if isinstance(vocab, (str, os.PathLike)):
+            with open(vocab, encoding="utf-8") as f:
+                vocab = [line.rstrip("\n").rstrip("\r") for line in f if line.strip()]
+        words = self._check_vocab(vocab)
+        path = os.fspath(path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"token cache file not found: {path}")
+        with h5py.File(path, "r") as f:
+            if "embedding" not in f:
+                raise ElmoError(f"{path} has no dataset 'embedding' (found: {', '.join(f.keys()) or 'nothing'})")
+            vectors = np.asarray(f["embedding"][...], np.float32)
+        expected = (len(words), self.config.projection_dim)
+        if vectors.shape != expected:
+            raise ElmoError(
+                f"{path}: 'embedding' has shape {vectors.shape}, expected {expected} "
+                f"({len(words)} vocabulary words x projection_dim {self.config.projection_dim})"
+            )
+        self._set_cache(words, vectors)
+
+    def clear_token_cache(self) -> None:
+        """Go back to running the char CNN for every token."""
+        self._cache_words, self._cache_index, self._cache_vectors = None, {}, None
+
+    @staticmethod
+    def _check_vocab(tokens: Sequence[str]) -> list[str]:
+        if isinstance(tokens, str):
+            raise TypeError("cache_vocabulary takes a list of tokens, not a string")
+        words = list(tokens)
+        if not words:
+            raise ValueError("the vocabulary is empty")
+        for w in words:
+            if not isinstance(w, str) or not w:
+                raise ValueError(f"vocabulary entries must be non-empty strings, got {w!r}")
+        return words
+
+    def _set_cache(self, words: list[str], vectors: np.ndarray) -> None:
+        index: dict[str, int] = {}
+        for i, w in enumerate(words):
+            index.setdefault(w, i)
+        self._cache_words, self._cache_index, self._cache_vectors = words, index, vectors
+
+    def _encode_words(self, words: Sequence[str], n_chars: int) -> np.ndarray:
+        n = _encoder_bucket(len(words))
+        ids = np.zeros((n, n_chars), np.int32)
+        ids[: len(words)] = [chars.token_to_ids(w, n_chars) for w in words]
+        self.compiled_cache_shapes.add(("encoder", n))
+        return np.asarray(self._encode(self.params, self.config, ids))[: len(words)]
+
+    def _token_vectors(self, token_lists: list[list[str]], n_rows: int, n_time: int) -> np.ndarray:
+        """``[rows, time, P]``: cached words looked up, the group's other words encoded once."""
+        cache = self._cache_vectors
+        extra: dict[str, int] = {}
+        idx = np.zeros((n_rows, n_time), np.int64)
+        for r, tokens in enumerate(token_lists):
+            for t, w in enumerate(tokens):
+                k = self._cache_index.get(w)
+                if k is None:
+                    k = extra.setdefault(w, len(cache) + len(extra))
+                idx[r, t] = k
+        if extra:
+            new = self._encode_words(list(extra), self.config.char_cnn.max_characters_per_token)
+            table = np.concatenate([cache, new])
+        else:
+            table = cache
+        return table[idx]
 
 
-def _find_weight_file(model_dir: str) -> str:
-    preferred = os.path.join(model_dir, WEIGHTS_FILE)
+def _find_file(model_dir: str, preferred_name: str, keyword: str, suffix: str) -> str:
+    preferred = os.path.join(model_dir, preferred_name)
     if os.path.exists(preferred):
         return preferred
-    candidates = sorted(f for f in os.listdir(model_dir) if f.endswith(".hdf5") and "weights" in f)
+    candidates = sorted(f for f in os.listdir(model_dir) if f.endswith(suffix) and keyword in f)
     if len(candidates) == 1:
         return os.path.join(model_dir, candidates[0])
     if not candidates:
         raise FileNotFoundError(
-            f"{model_dir} has no {WEIGHTS_FILE} (nor another *weights*.hdf5 file); "
+            f"{model_dir} has no {preferred_name} (nor another *{keyword}*{suffix} file); "
             f"a model folder holds {OPTIONS_FILE} and {WEIGHTS_FILE}"
         )
     raise FileNotFoundError(
-        f"{model_dir} has several weight files ({', '.join(candidates)}) and no "
-        f"{WEIGHTS_FILE}; pass weight_file= explicitly"
+        f"{model_dir} has several {keyword} files ({', '.join(candidates)}) and no "
+        f"{preferred_name}; pass {'options_file' if keyword == 'options' else 'weight_file'}= explicitly"
     )
 
 
-__all__ = ["Elmo", "ConfigError", "time_bucket", "row_bucket"]
+__all__ = ["Elmo", "ConfigError", "time_bucket", "time_buckets", "row_bucket", "scan_length_bucket"]

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from elmo_jax import Elmo, ElmoConfig, batch_to_ids
-from elmo_jax.embedder import row_bucket, time_bucket
+from elmo_jax.embedder import row_bucket, scan_length_bucket, time_bucket, time_buckets
+from elmo_jax.errors import ElmoError
 
 
 @pytest.fixture(scope="module")
@@ -78,16 +79,109 @@ def test_load_errors_name_the_problem(tmp_path):
         Elmo.random("tiny").embed("a single string")
 
 
-def test_compilations_are_bounded_by_buckets():
-    elmo = Elmo.random("tiny", batch_size=4)
+def test_bucket_ladder():
+    # The scan length (time + 2 markers) climbs 8, 12, 16, 24, 32, 48, 64, ...
+    assert [scan_length_bucket(n) for n in (1, 8, 9, 12, 13, 17, 25, 33, 49, 65)] == [8, 8, 12, 12, 16, 24, 32, 48, 64, 96]
+    assert time_buckets(60) == [6, 10, 14, 22, 30, 46, 62]
+    assert time_bucket(1) == 6 and time_bucket(6) == 6 and time_bucket(7) == 10 and time_bucket(62) == 62
+    for n in range(1, 300):  # padding never more than a third of the scan
+        assert n <= time_bucket(n) and (time_bucket(n) + 2) <= 1.5 * (n + 2) + 1e-9 or time_bucket(n) == 6
+    assert row_bucket(3, 64) == 4 and row_bucket(100, 64) == 64 and row_bucket(5, 6) == 6
+
+
+def test_compiled_shapes_stay_within_documented_bound():
+    elmo = Elmo.random("tiny", batch_size=16)
     rng = np.random.default_rng(0)
-    sents = [["w"] * int(n) for n in rng.integers(1, 40, size=30)]
-    elmo.embed(sents)
-    times = {t for _, t in elmo.compiled_shapes}
-    rows = {r for r, _ in elmo.compiled_shapes}
-    assert times <= {8, 16, 32, 64} and rows <= {1, 2, 4}
-    assert time_bucket(1) == 8 and time_bucket(9) == 16 and time_bucket(16) == 16
-    assert row_bucket(3, 64) == 4 and row_bucket(100, 64) == 64
+    words = ["a", "bank", "river", "银行", "x"]
+    sents = [list(rng.choice(words, size=int(n))) for n in rng.integers(1, 61, size=500)]
+    out = elmo.embed(sents, layers="top")
+    assert [v.shape[0] for v in out] == [len(s) for s in sents]
+    bound = elmo.max_compiled_shapes(60)
+    assert bound == 7 * 5
+    assert len(elmo.compiled_shapes) <= bound
+    assert {t for _, t in elmo.compiled_shapes} <= set(time_buckets(60))
+    assert {r for r, _ in elmo.compiled_shapes} <= {1, 2, 4, 8, 16}
+    # A second pass over other random lengths compiles nothing new beyond the bound.
+    elmo.embed([["w"] * int(n) for n in rng.integers(1, 61, size=100)], layers="top")
+    assert len(elmo.compiled_shapes) <= bound
+    # Order and company do not matter: a sentence alone gives the same vectors.
+    np.testing.assert_allclose(elmo.embed([sents[7]], layers="top")[0], out[7], atol=1e-6)
+
+
+def test_layer_modes_and_sentence_vectors(tiny):
+    sents = ["the bank of the river", "", ["银行", "取钱"]]
+    full = tiny.embed(sents)
+    top = tiny.embed(sents, layers="top")
+    avg = tiny.embed(sents, layers="average")
+    mix_params = {"scalars": np.array([0.5, -1.0, 2.0], np.float32), "gamma": 0.7}
+    mix = tiny.embed(sents, layers="mix", mix_params=mix_params)
+    w = np.exp(mix_params["scalars"]) / np.exp(mix_params["scalars"]).sum()
+    for f, t, a, m in zip(full, top, avg, mix):
+        assert t.shape == a.shape == m.shape == f.shape[1:]
+        np.testing.assert_array_equal(t, f[-1])
+        np.testing.assert_allclose(a, f.mean(0), atol=1e-6)
+        np.testing.assert_allclose(m, 0.7 * np.einsum("l,lnd->nd", w, f), atol=1e-5)
+    sv = tiny.sentence_vectors(sents)
+    assert sv.shape == (3, 64)
+    np.testing.assert_allclose(sv[0], avg[0].mean(0), atol=1e-6)
+    assert not sv[1].any()
+    assert tiny.sentence_vectors(sents, layers="all").shape == (3, 3, 64)
+    with pytest.raises(ValueError, match="mix_params"):
+        tiny.embed(sents, layers="mix")
+    with pytest.raises(ValueError, match="shape"):
+        tiny.embed(sents, layers="mix", mix_params={"scalars": np.zeros(2), "gamma": 1.0})
+    with pytest.raises(ValueError, match="layers must be one of"):
+        tiny.embed(sents, layers="bottom")
+
+
+def test_progress_bar_default_threshold(tiny, capsys):
+    tiny.embed(["a b"] * 3)
+    assert "embed" not in capsys.readouterr().err
+    tiny.embed(["a b"] * 3, progress=True)
+    assert "embed" in capsys.readouterr().err
+    tiny.embed(["a b"] * 1001)
+    assert "1001/1001" in capsys.readouterr().err
+
+
+def test_token_cache_equals_uncached_and_skips_the_cnn(tmp_path):
+    elmo = Elmo.random("tiny", seed=1, batch_size=8)
+    sents = ["the bank of the river", "she went to the bank", "unseen words here", "", "银行 取钱 了"]
+    plain = elmo.embed(sents)
+    vocab = ["<S>", "</S>", "the", "bank", "of", "river", "she", "went", "to", "银行"]
+    vectors = elmo.cache_vocabulary(vocab)
+    assert vectors.shape == (len(vocab), 32)
+    np.testing.assert_allclose(vectors[3], plain[0][0, 1, :32], atol=1e-6)  # "bank"
+    cached = elmo.embed(sents)
+    for a, b in zip(plain, cached):
+        assert a.shape == b.shape
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+    # Only the uncached words go through the CNN.
+    seen = []
+    real = elmo._encode_words
+    elmo._encode_words = lambda words, n: (seen.append(list(words)), real(words, n))[1]
+    again = elmo.embed(sents)
+    assert sorted(w for ws in seen for w in ws) == ["here", "unseen", "words", "了", "取钱"]
+    seen.clear()
+    elmo.embed(["the bank of the river", "银行"])
+    assert seen == []
+    del elmo._encode_words
+    for a, b in zip(cached, again):
+        np.testing.assert_array_equal(a, b)
+    # Save / load round trip of the cache file (one dataset 'embedding').
+    elmo.save_token_cache(tmp_path / "cache.hdf5")
+    import h5py
+
+    with h5py.File(tmp_path / "cache.hdf5", "r") as f:
+        assert list(f.keys()) == ["embedding"] and f["embedding"].shape == (len(vocab), 32)
+    (tmp_path / "vocab.txt").write_text("\n".join(vocab) + "\n", encoding="utf-8")
+    other = Elmo(elmo.config, elmo.params, batch_size=8)
+    other.load_token_cache(tmp_path / "cache.hdf5", tmp_path / "vocab.txt")
+    for a, b in zip(plain, other.embed(sents)):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+    with pytest.raises(ElmoError, match="expected"):
+        other.load_token_cache(tmp_path / "cache.hdf5", vocab[:-1])
+    other.clear_token_cache()
+    assert other.token_cache is None
 
 
 def test_embed_equals_batch_to_ids_forward():

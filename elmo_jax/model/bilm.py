@@ -8,6 +8,11 @@ markers::
 
     layers [L+1, B, T, 2P]: 0 = [e; e], l = [forward_l; backward_l]
 
+The work is split in two: the char CNN (:func:`elmo_jax.model.encoder.encode_tokens`) and
+:func:`bilm_from_token_vectors`, which adds the marker vectors and runs the LSTMs.  ``bilm``
+is the composition of the two, so a caller holding precomputed token vectors (a vocabulary
+cache) runs the same code from the second step.
+
 Parameters: ``{"char_embed", "cnn", "highway", ["proj"], "lstm"}`` (encoder + LSTM).
 """
 
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from elmo_jax import chars
 from elmo_jax.config import ElmoConfig
@@ -57,6 +63,27 @@ def reverse_within_length(x_BT_: jax.Array, lengths_B: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x_BT_, idx, axis=1)
 
 
+def marker_vectors(params: dict, config: ElmoConfig, dtype=jnp.float32) -> tuple[jax.Array, jax.Array]:
+    """The context-free token vectors ``[P]`` of ``<S>`` and ``</S>``."""
+    n_chars = config.char_cnn.max_characters_per_token
+    ids = jnp.asarray(np.stack([chars.token_to_ids(chars.BOS_TOKEN, n_chars),
+                                chars.token_to_ids(chars.EOS_TOKEN, n_chars)]))
+    e = encode_tokens(params, config, ids, dtype=dtype)
+    return e[0], e[1]
+
+
+def add_boundary_vectors(e_BTP: jax.Array, lengths_B: jax.Array, bos_P: jax.Array, eos_P: jax.Array) -> jax.Array:
+    """``[B, T, P] -> [B, T+2, P]`` with ``bos`` at 0 and ``eos`` right after each sentence;
+    positions past ``</S>`` (and whole rows of length -1) are zero."""
+    shifted = jnp.pad(e_BTP, ((0, 0), (1, 1), (0, 0)))
+    pos_1T1 = jnp.arange(shifted.shape[1])[None, :, None]
+    end_B11 = lengths_B[:, None, None] + 1
+    out = jnp.where(pos_1T1 == 0, bos_P.astype(shifted.dtype),
+                    jnp.where(pos_1T1 == end_B11, eos_P.astype(shifted.dtype), shifted))
+    full_B11 = jnp.where(lengths_B >= 0, lengths_B + 2, 0)[:, None, None]
+    return jnp.where(pos_1T1 < full_B11, out, 0.0)
+
+
 def bilm(
     params: dict,
     config: ElmoConfig,
@@ -73,14 +100,36 @@ def bilm(
     positions; give it explicitly to tell an empty sentence (length 0: ``<S> </S>`` is run
     and updates the state) from a padding row (length -1: nothing runs, the state passes
     through).  Positions past a sentence's end are zero in every layer.
+
+    This is :func:`bilm_from_token_vectors` applied to the char CNN's token vectors.
     """
     if lengths_B is None:
         lengths_B = sentence_lengths(char_ids_BTC)
-    n_time = char_ids_BTC.shape[1]
-    ids = add_sentence_boundaries(char_ids_BTC, lengths_B)
+    e_BTP = encode_tokens(params, config, char_ids_BTC, dtype=dtype)
+    return bilm_from_token_vectors(params, config, e_BTP, lengths_B, state, dtype=dtype)
+
+
+def bilm_from_token_vectors(
+    params: dict,
+    config: ElmoConfig,
+    e_BTP: jax.Array,
+    lengths_B: jax.Array,
+    state: dict | None = None,
+    dtype=jnp.float32,
+    markers: tuple[jax.Array, jax.Array] | None = None,
+) -> tuple[jax.Array, dict]:
+    """:func:`bilm` from context-free token vectors ``[B, T, P]`` instead of char ids.
+
+    ``e_BTP`` holds each sentence's token vectors (no markers; values past a sentence's
+    length are ignored), e.g. looked up in a vocabulary cache instead of running the char
+    CNN.  ``lengths_B`` as in :func:`bilm` (required here).  The ``<S>`` / ``</S>`` vectors
+    are computed from ``params`` unless ``markers`` gives them.
+    """
+    n_time = e_BTP.shape[1]
+    bos_P, eos_P = marker_vectors(params, config, dtype) if markers is None else markers
     full_lengths_B = jnp.where(lengths_B >= 0, lengths_B + 2, 0)
     mask_BT = jnp.arange(n_time + 2)[None, :] < full_lengths_B[:, None]
-    e_BTP = encode_tokens(params, config, ids, dtype=dtype) * mask_BT[..., None]
+    e_BTP = add_boundary_vectors(e_BTP, lengths_B, bos_P, eos_P)
     x_RBTP = jnp.stack([e_BTP, reverse_within_length(e_BTP, full_lengths_B)])
     mask_RBT = jnp.stack([mask_BT, mask_BT])
     outputs, new_state = lstm_stack(params["lstm"], config, x_RBTP, mask_RBT, state, dtype=dtype)
