@@ -1,0 +1,114 @@
+"""``elmo-jax embed``: the dumped-embeddings HDF5 layout, equality with Elmo.embed, bad input."""
+
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from elmo_jax import Elmo
+from elmo_jax.cli import main
+from elmo_jax.embed_file import embed_file
+
+LINES = ["the bank of the river", "她 去 银行 取钱", "", "a", "the bank of the river"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    d = tmp_path_factory.mktemp("model")
+    Elmo.random("tiny", seed=5).save(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def elmo(model_dir):
+    return Elmo.load(model_dir)
+
+
+def _write(path, lines):
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("flag,layers", [("--all", "all"), ("--top", "top"), ("--average", "average")])
+def test_cli_writes_the_dumped_layout_and_equals_embed(tmp_path, model_dir, elmo, flag, layers, capsys):
+    src = _write(tmp_path / "in.txt", LINES)
+    out = tmp_path / "out.hdf5"
+    assert main(["embed", str(src), str(out), flag, "--model", str(model_dir), "--batch-size", "2"]) == 0
+    assert "wrote 5 sentences" in capsys.readouterr().out
+    expected = elmo.embed(LINES, layers=layers)
+    with h5py.File(out, "r") as f:
+        assert sorted(f.keys()) == ["0", "1", "2", "3", "4", "sentence_to_index"]
+        for i, e in enumerate(expected):
+            np.testing.assert_allclose(f[str(i)][...], e, atol=1e-6, rtol=0)
+        assert f["0"].shape == ((3, 5, 64) if layers == "all" else (5, 64))
+        assert f["2"].shape == ((3, 0, 64) if layers == "all" else (0, 64))  # the empty line
+        index = json.loads(f["sentence_to_index"][0])
+    assert index == {"the bank of the river": "4", "她 去 银行 取钱": "1", "": "2", "a": "3"}
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []
+
+
+def test_cli_refuses_without_model_and_accepts_a_random_preset(tmp_path, capsys):
+    src = _write(tmp_path / "in.txt", ["a b"])
+    assert main(["embed", str(src), str(tmp_path / "o.hdf5"), "--top"]) == 2
+    err = capsys.readouterr().err
+    assert "--model" in err and "no downloadable default" in err
+    assert not (tmp_path / "o.hdf5").exists()
+    assert main(["embed", str(src), str(tmp_path / "o.hdf5"), "--top", "--preset", "tiny", "--no-progress"]) == 0
+    with h5py.File(tmp_path / "o.hdf5", "r") as f:
+        assert f["0"].shape == (2, 64)
+
+
+def test_cli_bad_inputs(tmp_path, model_dir, capsys):
+    m = ["--model", str(model_dir)]
+    out = tmp_path / "out.hdf5"
+    (tmp_path / "empty.txt").write_bytes(b"")
+    assert main(["embed", str(tmp_path / "empty.txt"), str(out), "--all", *m]) == 2
+    assert "is empty" in capsys.readouterr().err
+    (tmp_path / "latin1.txt").write_bytes("ok line\nsecond\ncaf\xe9 au lait\n".encode("latin-1"))
+    assert main(["embed", str(tmp_path / "latin1.txt"), str(out), "--all", *m]) == 2
+    assert "line 3 is not valid UTF-8" in capsys.readouterr().err
+    assert main(["embed", str(tmp_path / "missing.txt"), str(out), "--all", *m]) == 2
+    assert "input file not found" in capsys.readouterr().err
+    assert not out.exists() and not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
+    # An existing output is refused unless --overwrite.
+    src = _write(tmp_path / "in.txt", ["x y z"])
+    out.write_bytes(b"precious")
+    assert main(["embed", str(src), str(out), "--all", *m]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert out.read_bytes() == b"precious"
+    assert main(["embed", str(src), str(out), "--all", *m, "--overwrite", "--no-progress"]) == 0
+    with h5py.File(out, "r") as f:
+        assert f["0"].shape == (3, 3, 64)
+    # A model folder missing a file is named; options that misfit the weights name the tensor.
+    broken = tmp_path / "broken"
+    Elmo.random("tiny", seed=5).save(broken)
+    (broken / "weights.hdf5").unlink()
+    assert main(["embed", str(src), str(tmp_path / "o2.hdf5"), "--all", "--model", str(broken)]) == 2
+    assert "weights.hdf5" in capsys.readouterr().err
+    Elmo.random("tiny", seed=5).save(broken, overwrite=True)
+    options = json.loads((broken / "options.json").read_text())
+    options["lstm"]["projection_dim"] = 16
+    (broken / "options.json").write_text(json.dumps(options))
+    assert main(["embed", str(src), str(tmp_path / "o2.hdf5"), "--all", "--model", str(broken)]) == 2
+    assert "CNN_proj/W_proj" in capsys.readouterr().err
+    # Exactly one of --all/--top/--average.
+    with pytest.raises(SystemExit):
+        main(["embed", str(src), str(tmp_path / "o3.hdf5"), *m])
+
+
+def test_interrupted_write_leaves_no_file(tmp_path, elmo):
+    src = _write(tmp_path / "in.txt", ["a b", "c d e"])
+
+    class Boom(Exception):
+        pass
+
+    class Exploding:
+        def _embed_groups(self, *a, **k):
+            yield from elmo._embed_groups(["a b"], "all")
+            raise Boom()
+
+    with pytest.raises(Boom):
+        embed_file(Exploding(), src, tmp_path / "out.hdf5")
+    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
