@@ -1,0 +1,95 @@
+"""Heads on frozen ELMo: only head parameters move, the loss goes down, the example runs."""
+
+import importlib.util
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+from elmo_jax import Elmo, batch_to_ids
+from elmo_jax.finetune import (accuracy, init_tagger, make_train_step, pad_labels, pad_layers, tagger_loss,
+                               train_tagger)
+from tests.conftest import REPO
+
+SENTS = [["the", "bank", "of", "the", "river"], ["she", "went", "to", "the", "bank"], ["a", "river"],
+         ["she", "went"], ["the", "money"], ["a", "bank", "of", "money"]]
+TAGS = {"the": "DET", "a": "DET", "bank": "NOUN", "river": "NOUN", "money": "NOUN", "of": "ADP",
+        "to": "ADP", "she": "PRON", "went": "VERB"}
+
+
+@pytest.fixture(scope="module")
+def elmo():
+    return Elmo.random("tiny", seed=2, batch_size=8)
+
+
+def _data(elmo):
+    classes = sorted(set(TAGS.values()))
+    index = {c: i for i, c in enumerate(classes)}
+    layers, mask = pad_layers(elmo.embed(SENTS))
+    labels = pad_labels([[TAGS[w] for w in s] for s in SENTS], index, layers.shape[2])
+    return layers, labels, mask, len(classes)
+
+
+@pytest.mark.parametrize("head", ["mix", "components"])
+def test_on_the_fly_training_updates_only_the_head(elmo, head):
+    layers, labels, mask, n_classes = _data(elmo)
+    before = jax.tree.map(lambda a: np.array(a, copy=True), elmo.params)
+    params = init_tagger(jax.random.key(0), elmo.config, n_classes, head, out_dim=16)
+    step = make_train_step(head, optax.adam(5e-2), penalty=1e-3, config=elmo.config, on_the_fly=True)
+    ids = batch_to_ids(SENTS, elmo.config.char_cnn.max_characters_per_token)
+    batch = {"char_ids": ids, "lengths": np.array([len(s) for s in SENTS], np.int32), "labels": labels,
+             "mask": mask}
+    opt_state = optax.adam(5e-2).init(params)
+    first = float(tagger_loss(params, layers, labels, mask, head, 1e-3))
+    for _ in range(40):
+        params, opt_state, loss, grads = step(params, opt_state, batch, elmo.params)
+        # The gradient has exactly the head's structure: no biLM leaf in it.
+        assert jax.tree.structure(grads) == jax.tree.structure(params)
+    assert float(loss) < 0.5 * first
+    for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(elmo.params)):
+        np.testing.assert_array_equal(np.asarray(b), a)
+    # On-the-fly layers are the precomputed ones: same loss either way.
+    from elmo_jax.finetune import frozen_layers
+
+    fly = frozen_layers(elmo.params, elmo.config, batch["char_ids"], batch["lengths"])
+    np.testing.assert_allclose(float(tagger_loss(params, fly, labels, mask, head, 1e-3)),
+                               float(tagger_loss(params, layers, labels, mask, head, 1e-3)), rtol=1e-5)
+
+
+def test_gradient_of_the_bilm_is_zero_through_stop_gradient(elmo):
+    from elmo_jax.finetune import frozen_layers
+
+    ids = batch_to_ids(SENTS[:2], elmo.config.char_cnn.max_characters_per_token)
+    g = jax.grad(lambda p: frozen_layers(p, elmo.config, ids, np.array([5, 5], np.int32)).sum())(elmo.params)
+    assert all(not np.asarray(x).any() for x in jax.tree.leaves(g))
+
+
+def test_precomputed_training_with_penalty_improves_accuracy(elmo):
+    layers, labels, mask, n_classes = _data(elmo)
+    params = init_tagger(jax.random.key(1), elmo.config, n_classes, "mix")
+    start = accuracy(params, layers, labels, mask, "mix")
+    result = train_tagger(params, layers, labels, mask, "mix", optax.adam(5e-2), steps=80, batch_size=4,
+                          penalty=1e-3)
+    assert result.losses[-1] < result.losses[0]
+    assert accuracy(result.params, layers, labels, mask, "mix") > max(start, 0.8)
+    for head in ("layer:0", "layer:2"):
+        p = init_tagger(jax.random.key(1), elmo.config, n_classes, head)
+        r = train_tagger(p, layers, labels, mask, head, optax.sgd(0.5), steps=40, batch_size=6)
+        assert r.losses[-1] < r.losses[0]
+        assert set(r.params) == {"classifier"}
+    with pytest.raises(ValueError, match="layer 3 does not exist"):
+        init_tagger(jax.random.key(0), elmo.config, n_classes, "layer:3")
+    with pytest.raises(ValueError, match="head must be"):
+        init_tagger(jax.random.key(0), elmo.config, n_classes, "lstm")
+
+
+def test_example_runs_quick(tmp_path, capsys):
+    Elmo.random("tiny", seed=0).save(tmp_path / "model")
+    spec = importlib.util.spec_from_file_location("finetune_heads", REPO / "examples" / "finetune_heads.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main([str(tmp_path / "model"), "--quick", "--workdir", str(tmp_path / "work")]) == 0
+    out = capsys.readouterr().out
+    for head in ("mix", "components", "layer:0", "layer:1", "layer:2", "majority"):
+        assert f"\n{head} " in out
