@@ -38,14 +38,41 @@ def _demo(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     """Pretrain (or resume) in ``--workdir``; see ``configs/`` and ``--config.KEY=VALUE``."""
     from elmo_jax.train.config_loader import parse_config_args
-    from elmo_jax.train.loop import train
-    from elmo_jax.train.report import synthetic_report
 
     _quiet_data_preparation()
     cfg, rest = parse_config_args(args.config_args)
     if rest:
         raise ValueError(f"unrecognised arguments: {' '.join(rest)}")
-    _maybe_init_distributed(args)
+    if not _maybe_init_distributed(args):
+        return _train_run(args, cfg)
+    # Multi-process: an error in this process must end it at once; a normal exit would wait
+    # in the runtime's shutdown barrier for peers that may be blocked waiting for this one.
+    # The peers are then stopped by the runtime (heartbeat timeout) or a failed collective.
+    import jax
+    import traceback
+
+    try:
+        code = _train_run(args, cfg)
+    except (ElmoError, ValueError, FileNotFoundError, FileExistsError, TypeError) as e:
+        print(f"elmo-jax train (process {jax.process_index()}): error: {e}", file=sys.stderr)
+        _exit_now(2)
+    except BaseException:
+        print(f"elmo-jax train (process {jax.process_index()}): failed:", file=sys.stderr)
+        traceback.print_exc()
+        _exit_now(1)
+    return code
+
+
+def _exit_now(code: int) -> None:
+    from elmo_jax.train.distributed import exit_now
+
+    exit_now(code)
+
+
+def _train_run(args: argparse.Namespace, cfg) -> int:
+    from elmo_jax.train.loop import train
+    from elmo_jax.train.report import synthetic_report
+
     workdir = args.workdir or os.path.join("runs", cfg.model)
     summary = train(cfg, workdir, progress=not args.no_progress)
     if summary.get("interrupted"):
@@ -66,11 +93,16 @@ def _quiet_data_preparation() -> None:
     logging.getLogger("absl").setLevel(logging.ERROR)
 
 
-def _maybe_init_distributed(args: argparse.Namespace) -> None:
-    if getattr(args, "distributed", False):
-        import jax
+def _maybe_init_distributed(args: argparse.Namespace) -> bool:
+    """Join a multi-process job when flags or the environment ask for it (see
+    :mod:`elmo_jax.train.distributed`); False for a plain single-process run."""
+    from elmo_jax.train import distributed
 
-        jax.distributed.initialize()
+    settings = distributed.settings_from_args(args)
+    if settings is None:
+        return False
+    distributed.initialize(settings)
+    return True
 
 
 def _is_main() -> bool:
@@ -151,7 +183,15 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--workdir", help="run folder: checkpoints, metrics, vocab (default runs/<model>)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.add_argument("--distributed", action="store_true",
-                    help="call jax.distributed.initialize() (multi-host; settings from the launcher's environment)")
+                    help="join a multi-process job: jax.distributed.initialize() with the flags below, "
+                         "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID, or what jax detects "
+                         "from the launcher (SLURM, Open MPI, Cloud TPU); any flag below implies it")
+    tr.add_argument("--coordinator", metavar="HOST:PORT",
+                    help="address of process 0's coordination service (the same on every process)")
+    tr.add_argument("--num-processes", type=int, metavar="N", help="processes in the job")
+    tr.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0..N-1")
+    tr.add_argument("--heartbeat-timeout", type=int, metavar="S",
+                    help="seconds after which a silent process counts as dead and the job stops (default 60)")
     tr.set_defaults(func=_train)
 
     ev = sub.add_parser("eval", help="held-out perplexity of a run's checkpoint (full softmax)")

@@ -7,7 +7,15 @@ A checkpoint at step ``n`` holds
   model's ``options.json`` dict, the vocabulary size and anything else the loop records.
 
 orbax writes each step into a temporary folder and renames it when complete, so an
-interrupted save never replaces the previous checkpoint.  The vocabulary lives beside the
+interrupted save never replaces the previous checkpoint.
+
+Multi-process runs pass *global* ``jax.Array``s (the train state replicated over a mesh of
+all devices, the LSTM state sharded by rows): every process calls :meth:`Checkpoints.save`
+with the same step, orbax writes each array shard once (replicated arrays by one replica
+only) and the JSON ``meta`` from process 0 only, and finalizes the step after all
+processes are done.  The loop therefore puts per-process information (data positions)
+into ``meta`` as a list indexed by process.  Host numpy arrays are still accepted (a
+single-process caller).  The vocabulary lives beside the
 checkpoints as ``vocab.txt`` in the workdir (it never changes during a run).
 """
 
@@ -47,8 +55,9 @@ class Checkpoints:
         return os.path.join(self.directory, str(step))
 
     def save(self, step: int, state: Any, meta: dict) -> None:
-        """Save host arrays (``state``) and the JSON ``meta`` as step ``step``."""
-        state = jax.tree.map(np.asarray, state)
+        """Save ``state`` (host arrays, or global ``jax.Array``s from every process of a
+        multi-process job) and the JSON ``meta`` (written by process 0) as step ``step``."""
+        state = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else np.asarray(x), state)
         self._manager.save(
             step,
             args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
@@ -61,10 +70,20 @@ class Checkpoints:
         return out["meta"]
 
     def restore(self, template: Any, step: int | None = None) -> tuple[Any, dict]:
-        """Arrays shaped like ``template`` (arrays or ``jax.ShapeDtypeStruct``s) and the JSON
-        meta of ``step`` (default latest)."""
+        """Arrays shaped like ``template`` and the JSON meta of ``step`` (default latest).
+
+        ``template`` leaves: arrays or ``jax.ShapeDtypeStruct``s give host numpy arrays;
+        ``jax.ShapeDtypeStruct``s with a ``sharding`` give global ``jax.Array``s laid out
+        that way (every process of a multi-process job must call this).
+        """
         step = self._require(step)
-        abstract = jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), template)
+
+        def abstract_leaf(x):
+            if isinstance(x, jax.ShapeDtypeStruct) and x.sharding is not None:
+                return x
+            return np.zeros(x.shape, x.dtype)
+
+        abstract = jax.tree.map(abstract_leaf, template)
         try:
             out = self._manager.restore(
                 step,
@@ -75,7 +94,7 @@ class Checkpoints:
                 f"checkpoint {self.path(step)} does not fit this run's model/optimizer/batch "
                 f"layout: {e}"
             ) from None
-        state = jax.tree.map(np.asarray, out["state"])
+        state = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else np.asarray(x), out["state"])
         for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(abstract)):
             if got.shape != want.shape:
                 raise CheckpointError(

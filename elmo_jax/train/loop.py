@@ -13,6 +13,19 @@
 
 The loop owns no model logic: it calls :func:`elmo_jax.train.step.train_step` through a
 runner from :mod:`elmo_jax.train.parallel`.
+
+Multi-process runs (``jax.distributed`` initialized, see :mod:`elmo_jax.train.distributed`):
+the workdir must be one shared folder.  Process 0 prepares the corpus and the vocabulary and
+then tells the others (through the runtime's key-value store) that they are complete, or
+that preparation failed, with its message.  Each process reads its own sentences
+(``i % P == p``), the global batch is the concatenation of the local ones (process ``p``
+holds global rows ``[p * B_local, (p + 1) * B_local)``), and the step reduces over all
+devices, so every process applies the same update.  Checkpoints hold global arrays (train
+state replicated, LSTM state as the global ``[.., B_global, ..]`` rows) written together by
+all processes, and every process's data position (``meta["data_by_process"]``); resuming
+needs the same process count and global batch.  Logs, progress bar, metrics and TensorBoard
+come from process 0 only.  A stop signal on any process stops all of them at the next log
+step, with a checkpoint.
 """
 
 from __future__ import annotations
@@ -37,10 +50,14 @@ from elmo_jax.data.text_source import make_source
 from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.errors import ElmoError
 from elmo_jax.model.lstm import zero_state
+from elmo_jax.train import distributed
 from elmo_jax.train.checkpoints import Checkpoints
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.losses import make_loss_fn
-from elmo_jax.train.parallel import make_eval_fn, make_runner
+from elmo_jax.train.parallel import (
+    global_mesh, local_replica, local_rows, make_eval_fn, make_runner, rows_sharding, to_global_replicated,
+    to_global_rows,
+)
 from elmo_jax.train.step import init_train_state, make_optimizer
 
 # Fields that may change when a run is resumed; every other field must match.
@@ -64,8 +81,35 @@ class RunData:
     corpus_dir: str | None = None
 
 
+# How long processes > 0 wait for process 0 to prepare the corpus and the vocabulary.
+PREPARE_TIMEOUT_S = float(os.environ.get("ELMO_JAX_PREPARE_TIMEOUT_S", 6 * 3600))
+
+
 def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None]) -> RunData:
-    """Sources and vocabulary; the corpus and the vocabulary are made once (process 0)."""
+    """Sources and vocabulary; the corpus and the vocabulary are made once (process 0).
+
+    In a multi-process job the other processes wait until process 0 reports that everything
+    is written (then they read complete files), or fail with process 0's error message; the
+    wait is bounded by ``ELMO_JAX_PREPARE_TIMEOUT_S`` (default 6 h) and ends at once if
+    process 0 dies (the runtime's coordinator lives in process 0).
+    """
+    if not distributed.is_multiprocess():
+        return _prepare_data(cfg, workdir, log)
+    if jax.process_index() == 0:
+        try:
+            data = _prepare_data(cfg, workdir, log)
+        except Exception as e:
+            distributed.publish("prepare", f"error: {type(e).__name__}: {e}")
+            raise
+        distributed.publish("prepare", "ok")
+        return data
+    status = distributed.wait_for_value("prepare", PREPARE_TIMEOUT_S, "process 0 to prepare the corpus and vocabulary")
+    if status != "ok":
+        raise TrainingError(f"process 0 failed to prepare the data: {status.removeprefix('error: ')}")
+    return _prepare_data(cfg, workdir, log)
+
+
+def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None]) -> RunData:
     process_index = jax.process_index()
     corpus_dir = None
     data_dir = cfg.data_dir or os.path.join(workdir, "tfds")
@@ -121,6 +165,34 @@ def _wait_for(path: str, timeout_s: float = 3600.0) -> None:
         if time.monotonic() > deadline:
             raise TrainingError(f"timed out waiting for process 0 to write {path}")
         time.sleep(0.5)
+
+
+def _data_state(meta: dict, process_index: int) -> dict:
+    """This process's data position from a checkpoint's meta (older ones: one ``data``)."""
+    states = meta.get("data_by_process")
+    return meta["data"] if states is None else states[process_index]
+
+
+def _check_topology(meta: dict, path: str, global_batch: int, n_devices: int, log) -> None:
+    """Refuse a checkpoint whose per-process data positions / LSTM rows cannot be mapped."""
+    saved_processes = int(meta.get("process_count", 1))
+    saved_batch = int(meta.get("global_batch", int(meta.get("local_batch", global_batch)) * saved_processes))
+    saved_devices = meta.get("device_count")
+    processes = jax.process_count()
+    if saved_processes != processes or saved_batch != global_batch:
+        devices = f" on {saved_devices} devices" if saved_devices else ""
+        raise TrainingError(
+            f"checkpoint {path} was written by {saved_processes} process(es){devices} with a global batch of "
+            f"{saved_batch} rows; this run has {processes} process(es) on {n_devices} devices and a global batch "
+            f"of {global_batch}. Each process's position in its own share of the data (sentences i % P == p) and "
+            f"its rows of the carried LSTM state cannot be mapped onto a different process count or global "
+            f"batch. Resume with {saved_processes} process(es) and the same global batch"
+            + (f" ({saved_devices} devices in all, or set batch_size={saved_batch})" if saved_devices else "")
+            + ", or start a new --workdir (`elmo-jax export` writes this checkpoint's weights)."
+        )
+    if saved_devices is not None and int(saved_devices) != n_devices:
+        log(f"note: {path} was written on {saved_devices} devices, this run has {n_devices}; the global batch "
+            f"and the data positions are unchanged, so the run continues (dropout masks differ)")
 
 
 def _check_workdir(workdir: str) -> None:
@@ -296,15 +368,28 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
 
     train_state = jax.tree.map(np.asarray, init_train_state(jax.random.key(cfg.seed), model_config, len(vocab), optimizer))
     lstm_state = jax.tree.map(np.asarray, zero_state(model_config, local_batch))
+    # Checkpoints hold global arrays over all devices of the job (see the module docstring).
+    mesh = global_mesh()
     start_step = 0
     if latest is not None:
-        (train_state, lstm_state), meta = ckpts.restore((train_state, lstm_state), latest)
-        batcher.set_state(meta["data"])
+        meta = ckpts.read_meta(latest)
+        _check_topology(meta, ckpts.path(latest), global_batch, n_devices, log)
+        replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+        template = (
+            jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), train_state),
+            jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[:2] + (global_batch,) + x.shape[3:], x.dtype,
+                                                        sharding=rows_sharding(mesh, x.ndim, 2)), lstm_state),
+        )
+        (g_train, g_lstm), meta = ckpts.restore(template, latest)
+        train_state = jax.tree.map(local_replica, g_train)
+        lstm_state = jax.tree.map(lambda x: local_rows(x, 2), g_lstm)
+        del g_train, g_lstm
+        batcher.set_state(_data_state(meta, jax.process_index()))
         start_step = int(meta["step"])
         log(f"resuming from {ckpts.path(latest)} (step {start_step})")
     log(
         f"training {cfg.model} ({model_config.lstm.dim}/{model_config.projection_dim} x{model_config.lstm.n_layers}) "
-        f"on {n_devices} device(s) [{runner.name}], global batch {global_batch} x {cfg.unroll_steps} tokens, "
+        f"on {n_devices} device(s) in {jax.process_count()} process(es) [{runner.name}], global batch {global_batch} x {cfg.unroll_steps} tokens, "
         f"vocabulary {len(vocab)}, {steps_per_epoch} steps/epoch, {total_steps} steps"
     )
 
@@ -321,13 +406,23 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
     def host_state():
         return runner.get_train_state(d_train), runner.get_rows(d_lstm, axis=2)
 
+    saves = 0
+
     def save(step: int) -> None:
-        nonlocal last_saved
+        """All processes: global arrays + every process's data position (see the docstring)."""
+        nonlocal last_saved, saves
         flush(step)
         train_host, lstm_host = host_state()
-        ckpts.save(step, (train_host, lstm_host), {"step": step, "data": batcher.get_state(),
-                                                    "config": cfg.to_dict(), "vocab_size": len(vocab),
-                                                    "local_batch": local_batch, "heldout": _heldout_spec(cfg, data)})
+        saves += 1
+        data_states = distributed.allgather_json(f"checkpoint/{saves}", batcher.get_state())
+        state = (to_global_replicated(train_host, mesh), to_global_rows(lstm_host, mesh, axis=2))
+        ckpts.save(step, state, {"step": step, "data_by_process": data_states, "config": cfg.to_dict(),
+                                 "vocab_size": len(vocab), "process_count": jax.process_count(),
+                                 "device_count": n_devices, "global_batch": global_batch,
+                                 # rows of the stored LSTM state (all processes'; readers such as
+                                 # export build their template from it), and this job's per-process rows
+                                 "local_batch": global_batch, "process_local_batch": local_batch,
+                                 "heldout": _heldout_spec(cfg, data)})
         last_saved = step
 
     def flush(step: int) -> dict | None:
@@ -362,6 +457,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
     bar = tqdm(total=total_steps, initial=start_step, disable=not (progress and is_main), unit="step",
                dynamic_ncols=True, file=sys.stderr)
     stop = _StopRequest()
+    multiprocess = distributed.is_multiprocess()
     step = start_step
     window_start, window_step = time.perf_counter(), start_step
     try:
@@ -395,11 +491,15 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
                     run_eval(step)
                 if step % cfg.checkpoint_every == 0 and step < total_steps:
                     save(step)
-                if stop.signal is not None:
+                stopping = stop.signal is not None
+                if multiprocess:  # every process must stop (and save) at the same step
+                    stopping = step % cfg.log_every == 0 and distributed.any_process(stopping)
+                if stopping:
                     save(step)
                     ckpts.wait()
-                    log(f"\n{stop.signal}: saved {ckpts.path(step)}; resume with the same command")
-                    summary.update(step=step, interrupted=stop.signal, checkpoint=ckpts.path(step))
+                    reason = stop.signal or "stop requested by another process"
+                    log(f"\n{reason}: saved {ckpts.path(step)}; resume with the same command")
+                    summary.update(step=step, interrupted=reason, checkpoint=ckpts.path(step))
                     return summary
             if last_saved != step:
                 save(step)

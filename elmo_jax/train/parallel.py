@@ -4,6 +4,13 @@ over a one-axis device mesh (``NamedSharding``).  Both give the same numbers.
 The train state is replicated; the batch and the carried LSTM state are split over the
 ``data`` axis by rows.  Host code hands over this process's rows (``[B_local, ...]``) and
 gets back host numpy arrays when it asks for them.
+
+Multi-process: every process runs the same program on its own rows.  ``pmap`` spans the
+devices of all processes (its ``psum`` is global); the mesh holds every device of the job,
+ordered by process so that each process's rows form one contiguous block of the global
+batch (process ``p`` holds global rows ``[p * B_local, (p + 1) * B_local)``), and global
+arrays are assembled with ``jax.make_array_from_process_local_data``.  Nothing here ever
+reads a non-addressable shard: host values come from this process's own shards.
 """
 
 from __future__ import annotations
@@ -18,6 +25,56 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from elmo_jax.train.step import eval_step, train_step
 
 AXIS = "data"
+
+
+def global_mesh() -> Mesh:
+    """A ``(data,)`` mesh of all devices of the job, process by process."""
+    devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
+    return Mesh(np.asarray(devices), (AXIS,))
+
+
+def rows_sharding(mesh: Mesh, ndim: int, axis: int) -> NamedSharding:
+    spec = [None] * ndim
+    spec[axis] = AXIS
+    return NamedSharding(mesh, P(*spec))
+
+
+def to_global_replicated(tree, mesh: Mesh):
+    """Host arrays identical on every process -> global arrays replicated over ``mesh``."""
+    sharding = NamedSharding(mesh, P())
+
+    def put(x):
+        x = np.asarray(x)
+        return jax.make_array_from_callback(x.shape, sharding, lambda index: x[index])
+
+    return jax.tree.map(put, tree)
+
+
+def to_global_rows(tree, mesh: Mesh, axis: int):
+    """This process's rows (host arrays) -> global arrays split by rows along ``axis``."""
+
+    def put(x):
+        x = np.asarray(x)
+        return jax.make_array_from_process_local_data(rows_sharding(mesh, x.ndim, axis), x)
+
+    return jax.tree.map(put, tree)
+
+
+def local_replica(x) -> np.ndarray:
+    """A host copy of a replicated array (this process's first shard; no gather)."""
+    return np.asarray(x.addressable_shards[0].data)
+
+
+def local_rows(x, axis: int) -> np.ndarray:
+    """This process's rows of an array split along ``axis``, in global order."""
+    seen, parts = set(), []
+    for shard in sorted(x.addressable_shards, key=lambda s: s.index[axis].start or 0):
+        start = shard.index[axis].start or 0
+        if start in seen:  # replicated along another mesh axis
+            continue
+        seen.add(start)
+        parts.append(np.asarray(shard.data))
+    return np.concatenate(parts, axis=axis)
 
 
 class PmapRunner:
@@ -54,16 +111,17 @@ class PmapRunner:
         return self._train(train_state, lstm_state, batch, sample_rng, dropout_rngs)
 
     def get_train_state(self, state):
-        return jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data)[0], state)
+        return jax.tree.map(lambda x: local_replica(x)[0], state)
 
     def get_rows(self, tree, axis: int = 0):
-        return jax.tree.map(lambda x: np.concatenate(list(np.asarray(x)), axis=axis), tree)
+        # [n_local, ...] per-device blocks (leading axis) -> rows concatenated along ``axis``.
+        return jax.tree.map(lambda x: np.concatenate(list(local_rows(x, 0)), axis=axis), tree)
 
     def dropout_rngs(self, key):
         return jnp.stack([jax.random.fold_in(key, jax.process_index() * self.n_local + d) for d in range(self.n_local)])
 
     def metrics(self, m):
-        return jax.tree.map(lambda x: np.asarray(x)[0], m)
+        return jax.tree.map(lambda x: local_replica(x)[0], m)
 
 
 class MeshRunner:
@@ -72,44 +130,32 @@ class MeshRunner:
     name = "mesh"
 
     def __init__(self, step_kwargs: dict):
-        self.mesh = Mesh(np.asarray(jax.devices()), (AXIS,))
+        self.mesh = global_mesh()
         self.n_local = jax.local_device_count()
-        self._replicated = NamedSharding(self.mesh, P())
         self._train = jax.jit(functools.partial(train_step, **step_kwargs), donate_argnums=(0, 1))
 
-    def _rows_sharding(self, ndim: int, axis: int):
-        spec = [None] * ndim
-        spec[axis] = AXIS
-        return NamedSharding(self.mesh, P(*spec))
-
     def put_train_state(self, state):
-        return jax.device_put(state, self._replicated)
+        return to_global_replicated(state, self.mesh)
 
     def put_rows(self, tree, axis: int = 0):
-        def put(x):
-            x = np.asarray(x)
-            return jax.make_array_from_process_local_data(self._rows_sharding(x.ndim, axis), x)
-
-        return jax.tree.map(put, tree)
+        return to_global_rows(tree, self.mesh, axis)
 
     def step(self, train_state, lstm_state, batch, sample_rng, dropout_rng):
         return self._train(train_state, lstm_state, batch, sample_rng, dropout_rng)
 
     def get_train_state(self, state):
-        return jax.tree.map(lambda x: np.asarray(x.addressable_shards[0].data), state)
+        return jax.tree.map(local_replica, state)
 
     def get_rows(self, tree, axis: int = 0):
-        def local(x):
-            shards = sorted(x.addressable_shards, key=lambda s: s.index[axis].start or 0)
-            return np.concatenate([np.asarray(s.data) for s in shards], axis=axis)
-
-        return jax.tree.map(local, tree)
+        return jax.tree.map(lambda x: local_rows(x, axis), tree)
 
     def dropout_rngs(self, key):
+        # One key for the global batch: with partitionable threefry (jax's default) the
+        # masks depend on the global row, not on how the rows are split over devices.
         return key
 
     def metrics(self, m):
-        return jax.tree.map(np.asarray, m)
+        return jax.tree.map(local_replica, m)
 
 
 def make_runner(kind: str, step_kwargs: dict):
