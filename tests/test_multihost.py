@@ -261,3 +261,67 @@ def test_resume_with_another_process_count_is_refused(pmap_job, corpus, tmp_path
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "was written by 2 process(es) on 4 devices" in proc.stderr
     assert "Resume with 2 process(es)" in proc.stderr
+
+
+def test_a_failure_in_process_0_preparation_stops_the_waiting_process(corpus, tmp_path):
+    workdir = tmp_path / "bad"
+    workdir.mkdir()
+    start = time.monotonic()
+    procs = _start_job(workdir, _config_args(corpus, workdir, data=tmp_path / "missing.txt"))
+    try:
+        for p in procs:
+            p.wait(timeout=HEARTBEAT_S + 90)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert procs[0].returncode == 2 and procs[1].returncode == 2, (_log(workdir, 0)[-2000:], _log(workdir, 1)[-2000:])
+    assert "missing.txt" in _log(workdir, 0)
+    assert "process 0 failed to prepare the data: " in _log(workdir, 1) and "missing.txt" in _log(workdir, 1)
+    assert time.monotonic() - start < 90
+
+
+def test_sigterm_to_one_process_checkpoints_and_stops_all(corpus, tmp_path):
+    workdir = tmp_path / "term"
+    workdir.mkdir()
+    procs = _start_job(workdir, _config_args(corpus, workdir, max_steps=1000, checkpoint_every=1000))
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and len(_losses(workdir) if (workdir / "metrics.jsonl").exists() else {}) < 2:
+            assert all(p.poll() is None for p in procs), _log(workdir, 0)[-3000:] + _log(workdir, 1)[-3000:]
+            time.sleep(0.2)
+        procs[1].send_signal(signal.SIGTERM)
+        for p in procs:
+            p.wait(timeout=120)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in procs] == [0, 0], _log(workdir, 0)[-3000:] + _log(workdir, 1)[-3000:]
+    assert "stop requested by another process: saved" in _log(workdir, 0)
+    steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
+    assert len(steps) == 1 and steps[0] >= 2
+
+
+def test_launch_settings_from_flags_and_environment():
+    import argparse
+
+    from elmo_jax.train.distributed import DistributedError, settings_from_args
+
+    def args(**kw):
+        base = dict(distributed=False, coordinator=None, num_processes=None, process_id=None, heartbeat_timeout=None)
+        return argparse.Namespace(**{**base, **kw})
+
+    assert settings_from_args(args(), {}) is None  # single process, unchanged
+    s = settings_from_args(args(coordinator="10.0.0.1:1234", num_processes=4, process_id=3), {})
+    assert (s.coordinator, s.num_processes, s.process_id) == ("10.0.0.1:1234", 4, 3)
+    env = {"JAX_COORDINATOR_ADDRESS": "h:1", "JAX_NUM_PROCESSES": "2", "JAX_PROCESS_ID": "1"}
+    s = settings_from_args(args(), env)
+    assert (s.coordinator, s.num_processes, s.process_id) == ("h:1", 2, 1)
+    assert settings_from_args(args(process_id=0), env).process_id == 0  # flags win
+    s = settings_from_args(args(distributed=True), {})  # left to jax's launcher detection
+    assert (s.coordinator, s.num_processes, s.process_id) == (None, None, None)
+    with pytest.raises(DistributedError, match="not in 0..1"):
+        settings_from_args(args(num_processes=2, process_id=2), {})
