@@ -1,0 +1,396 @@
+#!/usr/bin/env python
+"""elmo_jax benchmark suite: embedding and training throughput, compile time, peak memory,
+FLOP utilisation against a measured matmul peak, and AllenNLP's PyTorch ELMo as the peer on
+the same weights and sentences.  See benchmarks/README.md.
+
+    python benchmarks/run.py                # full: small, medium, original (~15 min on 2 cores)
+    python benchmarks/run.py --quick        # smoke test: small only, fewer repetitions
+    python benchmarks/run.py --presets small,original --out results.json
+
+Every measurement runs in its own subprocess (``worker.py`` for elmo_jax,
+``peer_allennlp.py`` in the peer's virtual environment), so compile caches and peak resident
+memory belong to one configuration.  The peer environment is built by
+``bash shared/peers/allennlp-env.sh DIR``; pass ``--peer-env DIR`` (default ``$ELMO_PEER_ENV``
+or /work/peer-env).  Without it the suite still runs and says the peer is unavailable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+sys.path.insert(0, HERE)
+
+import numpy as np  # noqa: E402
+
+import flops  # noqa: E402
+from elmo_jax.config import ElmoConfig  # noqa: E402  (pure Python, no jax)
+
+EMBED_SHAPES = [(16, 20), (16, 60), (64, 20), (64, 60), (1, 20)]  # (batch, sentence length)
+SUBPROCESS_TIMEOUT_S = 1200
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def run_json(cmd: list[str], env: dict | None = None, timeout: float = SUBPROCESS_TIMEOUT_S) -> dict:
+    """Run one measurement process; its result is the line starting with ``RESULT ``."""
+    t0 = time.perf_counter()
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s: {' '.join(cmd[-8:])}"}
+    for line in reversed(p.stdout.splitlines()):
+        if line.startswith("RESULT "):
+            out = json.loads(line[len("RESULT "):])
+            out["process_wall_s"] = time.perf_counter() - t0
+            return out
+    tail = (p.stderr or p.stdout)[-2000:]
+    return {"error": f"exit {p.returncode}: {tail}"}
+
+
+def machine_info() -> dict:
+    info = {"hostname": platform.node(), "python": platform.python_version(),
+            "cpus_available": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count()}
+    try:
+        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
+            k, _, v = line.partition(":")
+            if k.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "Core(s) per socket", "Socket(s)"):
+                info[k.strip()] = v.strip()
+    except OSError:
+        pass
+    try:
+        with open("/proc/meminfo") as f:
+            info["mem_total_gb"] = round(int(f.readline().split()[1]) / 2**20, 1)
+    except OSError:
+        pass
+    return info
+
+
+def uptime() -> str:
+    try:
+        return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    except OSError:
+        return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def make_sentences(path: str, seed: int = 0) -> None:
+    """Random lowercase words (2-9 letters); 64 sentences of each benchmark length."""
+    rng = np.random.default_rng(seed)
+    letters = list("abcdefghijklmnopqrstuvwxyz")
+    words = ["".join(rng.choice(letters, rng.integers(2, 10))) for _ in range(5000)]
+    by_length = {str(n): [[words[i] for i in rng.integers(0, len(words), n)] for _ in range(64)]
+                 for n in sorted({n for _, n in EMBED_SHAPES})}
+    agreement = [[words[i] for i in rng.integers(0, len(words), n)] for n in (1, 7, 20, 13, 33, 2)]
+    agreement.append("The bank raised interest rates , so she went to the river bank .".split())
+    with open(path, "w") as f:
+        json.dump({"words": words, "by_length": by_length, "agreement": agreement}, f)
+
+
+class Suite:
+    def __init__(self, args):
+        self.args = args
+        self.py = sys.executable
+        self.worker = os.path.join(HERE, "worker.py")
+        self.peer_script = os.path.join(HERE, "peer_allennlp.py")
+        self.tmp = tempfile.mkdtemp(prefix="elmo_bench_")
+        self.sentences = os.path.join(self.tmp, "sentences.json")
+        make_sentences(self.sentences)
+        self.threads = len(os.sched_getaffinity(0))
+        if args.quick:
+            self.reps = ["--min-reps", "2", "--min-time", "0.5", "--max-reps", "5"]
+        else:
+            self.reps = ["--min-reps", "3", "--min-time", "3", "--max-reps", "15"]
+        self.results: dict = {"notes": []}
+
+    # -- helpers -------------------------------------------------------------------------
+    def ours(self, *a: str) -> dict:
+        return run_json([self.py, "-W", "ignore", self.worker, *a])
+
+    def peer(self, *a: str) -> dict:
+        env = dict(os.environ, PYTHONPATH=os.path.join(self.peer_env, "stub"))
+        env.pop("JAX_PLATFORMS", None)
+        return run_json([os.path.join(self.peer_env, "bin", "python"), "-W", "ignore",
+                         self.peer_script, *a, "--threads", str(self.threads)], env=env)
+
+    def model_dir(self, preset: str) -> str:
+        return os.path.join(self.tmp, preset)
+
+    # -- stages --------------------------------------------------------------------------
+    def setup(self) -> None:
+        a = self.args
+        r = self.results
+        r["date"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+        r["command"] = " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
+        r["machine"] = machine_info()
+        r["uptime_start"] = uptime()
+        info = self.ours("info")
+        if "error" in info:
+            raise SystemExit(f"elmo_jax worker failed: {info['error']}")
+        r["device"] = info
+        log(f"device: {info['platform']} / {info['device_kind']} x{info['n_devices']}; {r['uptime_start']}")
+        # The peer.
+        self.peer_env = a.peer_env
+        self.peer_ok, self.peer_device = False, "cpu"
+        if a.no_peer:
+            r["peer"] = {"available": False, "reason": "--no-peer"}
+        elif not os.path.exists(os.path.join(self.peer_env, "bin", "python")):
+            r["peer"] = {"available": False, "reason": f"no peer environment at {self.peer_env} "
+                         f"(build it: bash shared/peers/allennlp-env.sh {self.peer_env})"}
+        else:
+            pinfo = self.peer("info")
+            if "error" in pinfo:
+                r["peer"] = {"available": False, "reason": pinfo["error"][-500:]}
+            else:
+                self.peer_ok = True
+                r["peer"] = {"available": True, **pinfo}
+                if info["platform"] != "cpu":
+                    if pinfo.get("cuda") and info["platform"] == "gpu":
+                        self.peer_device = "cuda"
+                    else:
+                        self.peer_device = None
+                        r["notes"].append(f"peer timing skipped: elmo_jax runs on {info['platform']} "
+                                          f"and the peer's torch has no matching device (agreement "
+                                          f"is still checked on CPU)")
+                r["peer"]["device"] = self.peer_device
+        if not r["peer"]["available"]:
+            log(f"peer unavailable: {r['peer']['reason']}")
+            r["notes"].append(f"peer unavailable: {r['peer']['reason']}")
+        # Analytic FLOPs.
+        r["flops"] = {p: flops.breakdown(ElmoConfig.preset(p), a.negatives)
+                      for p in sorted(set(self.presets) | set(self.train_presets))}
+
+    def matmul(self) -> None:
+        n = 2048 if self.results["device"]["platform"] == "cpu" else 8192
+        log(f"fp32 matmul {n}x{n} @ {n}x{n} ...")
+        m = self.ours("matmul", "--n", str(n), "--min-reps", "10", "--min-time", "2", "--max-reps", "50")
+        self.results["matmul"] = m
+        if "error" in m:
+            raise SystemExit(f"matmul failed: {m['error']}")
+        log(f"  {m['gflops']:.1f} GFLOP/s (median), best {m['best_gflops']:.1f}")
+
+    def embed(self) -> None:
+        rows = []
+        shapes = EMBED_SHAPES
+        peak = self.results["matmul"]["gflops"] * 1e9
+        for preset in self.presets:
+            cfg = ElmoConfig.preset(preset)
+            fpt = flops.embed_flops_per_token(cfg)
+            log(f"{preset}: writing random weights (elmo_jax.weights.save_weights) ...")
+            s = self.ours("save", "--preset", preset, "--model-dir", self.model_dir(preset))
+            if "error" in s:
+                raise SystemExit(f"save failed: {s['error']}")
+            common = ["--model-dir", self.model_dir(preset), "--sentences", self.sentences]
+            for batch, length in shapes:
+                row = {"preset": preset, "batch": batch, "length": length, "tokens": batch * length}
+                shape = ["--batch", str(batch), "--length", str(length)]
+                b = self.ours("embed", "--mode", "bilm", *common, *shape, *self.reps)
+                row["ours"] = b
+                if not self.args.no_e2e:
+                    row["ours_embed"] = self.ours("embed", "--mode", "embed", *common, *shape, *self.reps)
+                if self.peer_ok and self.peer_device:
+                    row["peer"] = self.peer("embed", *common, *shape, *self.reps, "--device", self.peer_device)
+                if "tokens_per_s" in b:
+                    row["gflops"] = b["tokens_per_s"] * fpt / 1e9
+                    row["util"] = b["tokens_per_s"] * fpt / peak
+                    if "tokens_per_s" in row.get("peer", {}):
+                        row["ratio"] = b["tokens_per_s"] / row["peer"]["tokens_per_s"]
+                rows.append(row)
+                log("  " + self._embed_line(row))
+            if not self.args.no_parts:
+                p = self.ours("parts", *common, "--batch", "16", "--length", "20", *self.reps)
+                self.results.setdefault("parts", {})[preset] = p
+                if "error" not in p:
+                    log(f"  parts (16x20): encoder {p['encoder_median_s']*1e3:.0f} ms, "
+                        f"LSTMs {p['lstm_median_s']*1e3:.0f} ms")
+            if self.peer_ok:
+                self.agree(preset)
+        self.results["embed"] = rows
+
+    def agree(self, preset: str) -> None:
+        ours = os.path.join(self.tmp, f"agree_ours_{preset}.npz")
+        theirs = os.path.join(self.tmp, f"agree_peer_{preset}.npz")
+        common = ["--model-dir", self.model_dir(preset), "--sentences", self.sentences]
+        a = self.ours("agree", *common, "--out", ours)
+        b = self.peer("agree", *common, "--out", theirs)
+        if "error" in a or "error" in b:
+            res = {"error": a.get("error") or b.get("error")}
+        else:
+            x, y = np.load(ours), np.load(theirs)
+            diffs = np.array([[float(np.max(np.abs(x[k][l] - y[k][l]))) for l in range(x[k].shape[0])]
+                              for k in x.files])
+            scale = max(float(np.max(np.abs(y[k]))) for k in y.files)
+            res = {"sentences": len(x.files), "max_abs_diff_per_layer": diffs.max(axis=0).tolist(),
+                   "max_abs_diff_top": float(diffs[:, -1].max()), "max_abs_value": scale,
+                   "shapes_equal": all(x[k].shape == y[k].shape for k in x.files)}
+        self.results.setdefault("agreement", {})[preset] = res
+        log(f"  agreement with the peer ({preset}): {res}")
+
+    def train(self) -> None:
+        rows = []
+        peak = self.results["matmul"]["gflops"] * 1e9
+        b, t = (16, 20) if self.args.quick else (self.args.train_batch, 20)
+        steps = "2" if self.args.quick else "3"
+        for preset in self.train_presets:
+            cfg = ElmoConfig.preset(preset)
+            fpt = flops.train_flops_per_token(cfg, self.args.negatives)
+            log(f"{preset}: training step, batch {b} x unroll {t} ...")
+            r = self.ours("train", "--preset", preset, "--sentences", self.sentences, "--batch", str(b),
+                          "--length", str(t), "--steps", steps, "--vocab", str(self.args.vocab),
+                          "--negatives", str(self.args.negatives))
+            if "tokens_per_s" in r:
+                r["gflops"] = r["tokens_per_s"] * fpt / 1e9
+                r["util"] = r["tokens_per_s"] * fpt / peak
+                log(f"  {r['tokens_per_s']:.0f} tokens/s, {r['gflops']:.1f} GFLOP/s, "
+                    f"compile {r['lower_s'] + r['compile_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
+            else:
+                log(f"  failed: {r.get('error', '')[-500:]}")
+            rows.append(r)
+        self.results["train"] = rows
+
+    # -- report ------------------------------------------------------------------------
+    @staticmethod
+    def _embed_line(row: dict) -> str:
+        o = row.get("ours", {})
+        if "error" in o:
+            return f"{row['preset']} {row['batch']}x{row['length']}: FAILED {o['error'][-300:]}"
+        p = row.get("peer", {})
+        e = row.get("ours_embed", {})
+        return (f"{row['preset']} {row['batch']}x{row['length']}: ours {o['tokens_per_s']:.0f} tok/s"
+                + (f", embed() {e['tokens_per_s']:.0f}" if "tokens_per_s" in e else "")
+                + (f", peer {p['tokens_per_s']:.0f} (x{row['ratio']:.2f})" if "tokens_per_s" in p else "")
+                + f", {row['gflops']:.1f} GFLOP/s")
+
+    def report(self) -> str:
+        r = self.results
+        m = r["machine"]
+        d = r["device"]
+        lines = []
+        lines.append(f"date {r['date']} | {m.get('Model name', '?')}, {m['cpus_available']} CPUs available, "
+                     f"{m.get('mem_total_gb', '?')} GB | device {d['platform']}/{d['device_kind']} "
+                     f"x{d['n_devices']} | jax {d['jax']}, jaxlib {d['jaxlib']}"
+                     + (f" | peer torch {r['peer']['torch']}, allennlp {r['peer']['allennlp']}, "
+                        f"{r['peer']['torch_threads']} threads on {r['peer'].get('device')}"
+                        if r["peer"].get("available") else " | peer unavailable"))
+        lines.append(f"load: start [{r['uptime_start']}]  end [{r.get('uptime_end', '')}]")
+        mm = r["matmul"]
+        lines.append(f"fp32 matmul peak (jax, {mm['n']}^3, median of {len(mm['times'])}): "
+                     f"{mm['gflops']:.1f} GFLOP/s (best {mm['best_gflops']:.1f})")
+        lines.append("")
+        lines.append("Analytic FLOPs per token (forward; ELMO.md section 4 layout):")
+        for p, b in r["flops"].items():
+            lines.append("  " + flops.format_breakdown(p, ElmoConfig.preset(p), self.args.negatives))
+        lines.append("")
+        lines.append("Embedding (tokens/s = real tokens, no markers/padding; 'ours' = jitted bilm on fixed-shape "
+                     "char ids, 'embed()' = Elmo.embed end to end incl. tokenisation, bucketing and host copy):")
+        hdr = (f"{'preset':9s} {'batch':>5s} {'len':>4s} {'ours tok/s':>10s} {'embed()':>8s} {'peer tok/s':>10s} "
+               f"{'ours/peer':>9s} {'GFLOP/s':>8s} {'%peak':>6s} {'compile s':>9s} {'1st embed()':>11s} "
+               f"{'RSS MB':>7s} {'peer RSS':>8s} {'load1':>5s}")
+        lines.append(hdr)
+        for row in r.get("embed", []):
+            o, e, p = row.get("ours", {}), row.get("ours_embed", {}), row.get("peer", {})
+            if "error" in o:
+                lines.append(f"{row['preset']:9s} {row['batch']:5d} {row['length']:4d} FAILED: {o['error'][-200:]}")
+                continue
+            f = lambda x, k, fmt: (format(x[k], fmt) if k in x else "-")  # noqa: E731
+            lines.append(
+                f"{row['preset']:9s} {row['batch']:5d} {row['length']:4d} {o['tokens_per_s']:10.0f} "
+                f"{f(e, 'tokens_per_s', '8.0f'):>8s} {f(p, 'tokens_per_s', '10.0f'):>10s} "
+                f"{f(row, 'ratio', '9.2f'):>9s} {row['gflops']:8.1f} {100 * row['util']:6.1f} "
+                f"{o['lower_s'] + o['compile_s']:9.2f} {f(e, 'first_call_s', '11.2f'):>11s} "
+                f"{o['peak_rss_mb']:7.0f} {f(p, 'peak_rss_mb', '8.0f'):>8s} {o['load1_before']:5.2f}")
+        if r.get("parts"):
+            lines.append("")
+            lines.append("Where the time goes (batch 16 x 20 tokens, each part jitted alone, median):")
+            for preset, p in r["parts"].items():
+                if "error" in p:
+                    continue
+                full = next((row["ours"]["median_s"] for row in r["embed"] if row["preset"] == preset
+                             and row["batch"] == 16 and row["length"] == 20 and "median_s" in row["ours"]), None)
+                b = r["flops"][preset]
+                n_pos = 16 * 22  # positions incl. <S> and </S>
+                lines.append(
+                    f"  {preset:9s} encoder {p['encoder_median_s'] * 1e3:7.1f} ms "
+                    f"({n_pos * b['encoder_total'] / p['encoder_median_s'] / 1e9:6.1f} GFLOP/s), "
+                    f"LSTMs {p['lstm_median_s'] * 1e3:7.1f} ms "
+                    f"({n_pos * b['lstm_total'] / p['lstm_median_s'] / 1e9:6.1f} GFLOP/s), "
+                    f"sum {1e3 * (p['encoder_median_s'] + p['lstm_median_s']):7.1f} ms vs whole bilm "
+                    + (f"{full * 1e3:7.1f} ms" if full else "-"))
+        if r.get("agreement"):
+            lines.append("")
+            lines.append("Agreement with the peer (same weights, zero state, all 3 layers, markers removed):")
+            for preset, a in r["agreement"].items():
+                if "error" in a:
+                    lines.append(f"  {preset}: FAILED {a['error'][-300:]}")
+                else:
+                    lines.append(f"  {preset:9s} {a['sentences']} sentences: max |ours - peer| per layer "
+                                 + ", ".join(f"{v:.2e}" for v in a["max_abs_diff_per_layer"])
+                                 + f" (max |value| {a['max_abs_value']:.2f}), shapes equal: {a['shapes_equal']}")
+        if r.get("train"):
+            lines.append("")
+            lines.append(f"Training (jitted train_step, adagrad 0.2, clip 10, dropout 0.1, sampled softmax "
+                         f"{self.args.negatives} of vocab {self.args.vocab}; tokens = batch x unroll per step):")
+            lines.append(f"{'preset':9s} {'batch x T':>9s} {'step s':>7s} {'tok/s':>7s} {'GFLOP/s':>8s} "
+                         f"{'%peak':>6s} {'compile s':>9s} {'RSS MB':>7s} {'load1':>5s}")
+            for t in r["train"]:
+                if "error" in t:
+                    lines.append(f"FAILED: {t['error'][-300:]}")
+                    continue
+                lines.append(f"{t['preset']:9s} {t['batch']:>4d} x {t['unroll']:<2d} {t['median_s']:7.2f} "
+                             f"{t['tokens_per_s']:7.0f} {t['gflops']:8.1f} {100 * t['util']:6.1f} "
+                             f"{t['lower_s'] + t['compile_s']:9.2f} {t['peak_rss_mb']:7.0f} {t['load1_before']:5.2f}")
+        if r["notes"]:
+            lines.append("")
+            lines.extend(f"note: {n}" for n in r["notes"])
+        return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--quick", action="store_true", help="small preset only, fewer repetitions (a few minutes)")
+    p.add_argument("--presets", help="embedding presets (default: small,medium,original; --quick: small)")
+    p.add_argument("--train-presets", help="training presets (default: small,original; --quick: small; "
+                                           "'none' to skip)")
+    p.add_argument("--train-batch", type=int, default=32, help="training batch rows (unroll is 20)")
+    p.add_argument("--vocab", type=int, default=100_000)
+    p.add_argument("--negatives", type=int, default=8192)
+    p.add_argument("--peer-env", default=os.environ.get("ELMO_PEER_ENV", "/work/peer-env"))
+    p.add_argument("--no-peer", action="store_true")
+    p.add_argument("--no-e2e", action="store_true", help="skip the Elmo.embed end-to-end column")
+    p.add_argument("--no-parts", action="store_true", help="skip timing encoder and LSTMs separately")
+    p.add_argument("--out", default="benchmark_results.json")
+    args = p.parse_args()
+
+    suite = Suite(args)
+    suite.presets = (args.presets or ("small" if args.quick else "small,medium,original")).split(",")
+    tp = args.train_presets or ("small" if args.quick else "small,original")
+    suite.train_presets = [] if tp == "none" else tp.split(",")
+    t0 = time.perf_counter()
+    suite.setup()
+    suite.matmul()
+    suite.embed()
+    suite.train()
+    suite.results["uptime_end"] = uptime()
+    suite.results["wall_s"] = time.perf_counter() - t0
+    table = suite.report()
+    suite.results["table"] = table
+    with open(args.out, "w") as f:
+        json.dump(suite.results, f, indent=1)
+    print(table)
+    print(f"\nwall time {suite.results['wall_s']:.0f} s; results written to {args.out}")
+
+
+if __name__ == "__main__":
+    main()
