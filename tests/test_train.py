@@ -124,3 +124,22 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     assert "SIGTERM: saved" in out
     steps = [int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()]
     assert steps and max(steps) >= 3
+
+
+def test_bf16_compute_trains_with_finite_loss_and_never_imports_tensorflow(tmp_path):
+    summary = train(_cfg(tmp_path, compute_dtype="bfloat16", max_steps=3), str(tmp_path / "run"), progress=False)
+    assert np.isfinite(summary["train"]["loss"])
+    assert summary["params"]["bilm"]["lstm"][0]["w_x"].dtype == np.float32  # params stay f32
+    assert "tensorflow" not in sys.modules
+
+
+def test_global_batch_must_divide_over_devices(tmp_path):
+    import jax
+
+    if jax.device_count() != 1:
+        pytest.skip("needs one device")
+    from elmo_jax.config import ConfigError
+
+    cfg = _cfg(tmp_path)
+    with pytest.raises(ConfigError, match="not divisible by the 3 devices"):
+        cfg.global_batch_size(3)

@@ -19,7 +19,7 @@ import numpy as np
 
 from elmo_jax import chars
 from elmo_jax.config import ElmoConfig
-from elmo_jax.model.precision import accumulator
+from elmo_jax.model.precision import accumulator, einsum, product_dtype
 
 _ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh}
 
@@ -81,8 +81,8 @@ def encode_tokens(params: dict, config: ElmoConfig, char_ids: jax.Array, dtype=j
             window_strides=(1,),
             padding="VALID",
             dimension_numbers=("NWC", "WIO", "NWC"),
-            preferred_element_type=accumulator(dtype),
-        )
+            preferred_element_type=product_dtype(dtype),
+        ).astype(accumulator(dtype))
         pooled.append(act(jnp.max(y_NWn, axis=1) + conv["b"]))
     h_NF = jnp.concatenate(pooled, axis=-1)
     for hw in params["highway"]:
@@ -96,5 +96,5 @@ def encode_tokens(params: dict, config: ElmoConfig, char_ids: jax.Array, dtype=j
 
 
 def _dense(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
-    return jnp.dot(x, w.astype(dtype), preferred_element_type=accumulator(dtype))
+    return einsum("nf,fp->np", x, w, dtype)
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 
 from elmo_jax.config import ElmoConfig
-from elmo_jax.model.precision import accumulator
+from elmo_jax.model.precision import accumulator, einsum
 
 N_DIRECTIONS = 2
 
@@ -80,24 +80,18 @@ def lstm_layer(
     l = config.lstm
     w_h = layer["w_h"].astype(dtype)
     w_p = layer["w_p"].astype(dtype)
-    gx_TRBG = jnp.einsum(
-        "rbti,rig->trbg", x_RBTI.astype(dtype), layer["w_x"].astype(dtype),
-        preferred_element_type=accumulator(dtype),
-    ) + layer["b"][None, :, None, :]
+    gx_TRBG = einsum("rbti,rig->trbg", x_RBTI, layer["w_x"], dtype) + layer["b"][None, :, None, :]
     mask_TRB1 = jnp.moveaxis(mask_RBT, -1, 0)[..., None].astype(bool)
 
     def step(carry, inputs):
         h_RBP, c_RBH = carry
         gx_RBG, m_RB1 = inputs
-        z = gx_RBG + jnp.einsum("rbp,rpg->rbg", h_RBP.astype(dtype), w_h, preferred_element_type=accumulator(dtype))
+        z = gx_RBG + einsum("rbp,rpg->rbg", h_RBP, w_h, dtype)
         i, j, f, o = jnp.split(z, 4, axis=-1)
         c = jax.nn.sigmoid(f + 1.0) * c_RBH + jax.nn.sigmoid(i) * jnp.tanh(j)
         if l.cell_clip is not None:
             c = jnp.clip(c, -l.cell_clip, l.cell_clip)
-        h = jnp.einsum(
-            "rbh,rhp->rbp", (jax.nn.sigmoid(o) * jnp.tanh(c)).astype(dtype), w_p,
-            preferred_element_type=accumulator(dtype),
-        )
+        h = einsum("rbh,rhp->rbp", jax.nn.sigmoid(o) * jnp.tanh(c), w_p, dtype)
         if l.proj_clip is not None:
             h = jnp.clip(h, -l.proj_clip, l.proj_clip)
         h_out = jnp.where(m_RB1, h, 0.0)
