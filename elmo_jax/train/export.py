@@ -63,7 +63,8 @@ def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) 
         optimizer = make_optimizer(train_config.optimizer, train_config.learning_rate, train_config.initial_accumulator, train_config.clip_norm)
         template = jax.eval_shape(
             lambda: (init_train_state(jax.random.key(0), model_config, len(vocab), optimizer),
-                     zero_state(model_config, int(meta["local_batch"])))
+                     # The stored LSTM state holds the rows of all processes.
+                     zero_state(model_config, int(meta["global_batch"])))
         )
         (train_state, _), meta = ckpts.restore(template, step)
     finally:

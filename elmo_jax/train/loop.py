@@ -176,7 +176,7 @@ def _data_state(meta: dict, process_index: int) -> dict:
 def _check_topology(meta: dict, path: str, global_batch: int, n_devices: int, log) -> None:
     """Refuse a checkpoint whose per-process data positions / LSTM rows cannot be mapped."""
     saved_processes = int(meta.get("process_count", 1))
-    saved_batch = int(meta.get("global_batch", int(meta.get("local_batch", global_batch)) * saved_processes))
+    saved_batch = int(meta.get("global_batch", global_batch))
     saved_devices = meta.get("device_count")
     processes = jax.process_count()
     if saved_processes != processes or saved_batch != global_batch:
@@ -419,9 +419,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
         ckpts.save(step, state, {"step": step, "data_by_process": data_states, "config": cfg.to_dict(),
                                  "vocab_size": len(vocab), "process_count": jax.process_count(),
                                  "device_count": n_devices, "global_batch": global_batch,
-                                 # rows of the stored LSTM state (all processes'; readers such as
-                                 # export build their template from it), and this job's per-process rows
-                                 "local_batch": global_batch, "process_local_batch": local_batch,
+                                 "local_batch": local_batch,
                                  "heldout": _heldout_spec(cfg, data)})
         last_saved = step
 
