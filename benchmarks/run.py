@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import shutil
 import os
 import platform
 import statistics
@@ -79,6 +80,17 @@ def machine_info() -> dict:
     return info
 
 
+def git_describe() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=REPO).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "elmo_jax"], capture_output=True,
+                               text=True, cwd=REPO).stdout.strip()
+        return head + (" (elmo_jax/ has uncommitted changes)" if dirty else "")
+    except OSError:
+        return "?"
+
+
 def uptime() -> str:
     try:
         return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
@@ -86,13 +98,13 @@ def uptime() -> str:
         return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def make_sentences(path: str, seed: int = 0) -> None:
+def make_sentences(path: str, lengths, seed: int = 0) -> None:
     """Random lowercase words (2-9 letters); 64 sentences of each benchmark length."""
     rng = np.random.default_rng(seed)
     letters = list("abcdefghijklmnopqrstuvwxyz")
     words = ["".join(rng.choice(letters, rng.integers(2, 10))) for _ in range(5000)]
     by_length = {str(n): [[words[i] for i in rng.integers(0, len(words), n)] for _ in range(64)]
-                 for n in sorted({n for _, n in EMBED_SHAPES})}
+                 for n in sorted(set(lengths))}
     agreement = [[words[i] for i in rng.integers(0, len(words), n)] for n in (1, 7, 20, 13, 33, 2)]
     agreement.append("The bank raised interest rates , so she went to the river bank .".split())
     with open(path, "w") as f:
@@ -107,10 +119,9 @@ class Suite:
         self.peer_script = os.path.join(HERE, "peer_allennlp.py")
         self.tmp = tempfile.mkdtemp(prefix="elmo_bench_")
         self.sentences = os.path.join(self.tmp, "sentences.json")
-        make_sentences(self.sentences)
         self.threads = len(os.sched_getaffinity(0))
         if args.quick:
-            self.reps = ["--min-reps", "2", "--min-time", "0.5", "--max-reps", "5"]
+            self.reps = ["--min-reps", "2", "--min-time", "0.3", "--max-reps", "3"]
         else:
             self.reps = ["--min-reps", "3", "--min-time", "3", "--max-reps", "15"]
         self.results: dict = {"notes": []}
@@ -135,6 +146,8 @@ class Suite:
         r["date"] = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
         r["command"] = " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
         r["machine"] = machine_info()
+        r["git"] = git_describe()
+        make_sentences(self.sentences, [n for _, n in self.shapes] + [20])
         r["uptime_start"] = uptime()
         info = self.ours("info")
         if "error" in info:
@@ -183,7 +196,7 @@ class Suite:
 
     def embed(self) -> None:
         rows = []
-        shapes = EMBED_SHAPES
+        shapes = self.shapes
         peak = self.results["matmul"]["gflops"] * 1e9
         for preset in self.presets:
             cfg = ElmoConfig.preset(preset)
@@ -280,7 +293,7 @@ class Suite:
         lines = []
         lines.append(f"date {r['date']} | {m.get('Model name', '?')}, {m['cpus_available']} CPUs available, "
                      f"{m.get('mem_total_gb', '?')} GB | device {d['platform']}/{d['device_kind']} "
-                     f"x{d['n_devices']} | jax {d['jax']}, jaxlib {d['jaxlib']}"
+                     f"x{d['n_devices']} | jax {d['jax']}, jaxlib {d['jaxlib']} | elmo_jax {r['git']}"
                      + (f" | peer torch {r['peer']['torch']}, allennlp {r['peer']['allennlp']}, "
                         f"{r['peer']['torch_threads']} threads on {r['peer'].get('device')}"
                         if r["peer"].get("available") else " | peer unavailable"))
@@ -370,6 +383,9 @@ def main() -> None:
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--no-e2e", action="store_true", help="skip the Elmo.embed end-to-end column")
     p.add_argument("--no-parts", action="store_true", help="skip timing encoder and LSTMs separately")
+    p.add_argument("--shapes", help="embedding shapes as BATCHxLENGTH,... (batch <= 64; "
+                                    "default: 16x20,16x60,64x20,64x60,1x20)")
+    p.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (weights, sentences)")
     p.add_argument("--out", default="benchmark_results.json")
     args = p.parse_args()
 
@@ -377,11 +393,19 @@ def main() -> None:
     suite.presets = (args.presets or ("small" if args.quick else "small,medium,original")).split(",")
     tp = args.train_presets or ("small" if args.quick else "small,original")
     suite.train_presets = [] if tp == "none" else tp.split(",")
+    suite.shapes = ([tuple(int(v) for v in x.split("x")) for x in args.shapes.split(",")]
+                    if args.shapes else EMBED_SHAPES)
     t0 = time.perf_counter()
-    suite.setup()
-    suite.matmul()
-    suite.embed()
-    suite.train()
+    try:
+        suite.setup()
+        suite.matmul()
+        suite.embed()
+        suite.train()
+    finally:
+        if args.keep_tmp:
+            log(f"temp dir kept: {suite.tmp}")
+        else:
+            shutil.rmtree(suite.tmp, ignore_errors=True)
     suite.results["uptime_end"] = uptime()
     suite.results["wall_s"] = time.perf_counter() - t0
     table = suite.report()
