@@ -35,7 +35,8 @@ def test_tiny_is_the_laptop_default():
     assert cfg.data == "synthetic"
     assert cfg.batch_size == 32 and cfg.batch_size_per_device is None
     assert cfg.global_batch_size(1) == 32 and cfg.global_batch_size(2) == 32
-    assert cfg.num_negatives == 8192 and cfg.learning_rate == 0.2
+    assert cfg.num_negatives == 8192
+    assert cfg.optimizer == "adam" and cfg.learning_rate == 0.003  # see configs/tiny.py
 
 
 def test_original_recipe():
