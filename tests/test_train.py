@@ -19,11 +19,11 @@ MICRO = {"dim": 16, "projection_dim": 8, "embedding_dim": 4, "filters": [[1, 8],
          "n_highway": 1, "max_characters_per_token": 12}
 
 
-def _corpus(tmp_path, n=60):
-    rng = np.random.default_rng(0)
+def _corpus(tmp_path, n=60, name="train.txt", seed=0):
+    rng = np.random.default_rng(seed)
     words = ["the", "bank", "river", "money", "she", "went", "to", "a", "of", "银行", "取钱", "去"]
     lines = [" ".join(rng.choice(words, size=rng.integers(1, 9))) for _ in range(n)]
-    path = tmp_path / "train.txt"
+    path = tmp_path / name
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return str(path)
 
@@ -143,3 +143,16 @@ def test_global_batch_must_divide_over_devices(tmp_path):
     cfg = _cfg(tmp_path)
     with pytest.raises(ConfigError, match="not divisible by the 3 devices"):
         cfg.global_batch_size(3)
+
+
+def test_eval_command_reports_heldout_perplexity(tmp_path, capsys):
+    from elmo_jax.cli import main
+
+    cfg = _cfg(tmp_path, max_steps=3, heldout=_corpus(tmp_path, n=20, name="heldout.txt", seed=1))
+    summary = train(cfg, str(tmp_path / "run"), progress=False)
+    assert main(["eval", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    assert "step 3: perplexity" in out
+    reported = float(out.split("perplexity ")[1].split()[0])
+    assert reported == pytest.approx(summary["eval"]["perplexity"], abs=0.006)  # printed rounded
+    assert main(["eval", str(tmp_path / "nowhere")]) == 2
