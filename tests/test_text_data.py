@@ -166,3 +166,16 @@ def test_lm1b_mock_data_without_tensorflow(tmp_path):
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "TF_IMPORTED False" in proc.stdout, proc.stdout + proc.stderr[-2000:]
+
+
+def test_unprepared_lm1b_is_a_clear_error_and_never_downloads(tmp_path, monkeypatch):
+    import socket
+
+    from elmo_jax.errors import ElmoError
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("lm1b must not be downloaded")
+
+    monkeypatch.setattr(socket, "create_connection", no_network)
+    with pytest.raises(ElmoError, match="tfds build lm1b"):
+        ts.Lm1bSource("train", data_dir=tmp_path)

@@ -45,6 +45,8 @@ from typing import Protocol, runtime_checkable
 
 import tensorflow_datasets as tfds
 
+from elmo_jax.errors import ElmoError
+
 __all__ = [
     "SentenceSource",
     "InMemorySource",
@@ -347,9 +349,11 @@ class Lm1bSource(_TfdsTextSource):
 
     def __init__(self, split: str = "train", data_dir: str | os.PathLike | None = None):
         try:
-            ds = tfds.data_source("lm1b", split=split, data_dir=data_dir)
+            # download=False: the lm1b builder would otherwise fetch 1.8 GB and need
+            # TensorFlow to prepare it.
+            ds = tfds.data_source("lm1b", split=split, data_dir=data_dir, download=False)
         except Exception as e:  # noqa: BLE001 - re-raised with a hint
-            raise RuntimeError(
+            raise ElmoError(
                 f"could not open TFDS lm1b split {split!r} in data_dir={data_dir!r}: {e}\n"
                 "Prepare it with `tfds build lm1b --file_format=array_record` on a machine with "
                 "TensorFlow, or use the extracted benchmark: 'lm1b-extracted:/path/to/"
