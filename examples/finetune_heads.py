@@ -45,14 +45,15 @@ def pretrain(workdir: str, corpus: str, quick: bool) -> Elmo:
         model="tiny", model_overrides=MICRO if quick else {},
         data=os.path.join(corpus, "train.txt"), heldout=os.path.join(corpus, "heldout.txt"),
         batch_size=8 if quick else 32, unroll_steps=10 if quick else 20,
-        num_negatives=64 if quick else 512, epochs=1, max_steps=5 if quick else 400,
+        num_negatives=64 if quick else 8192, epochs=3, max_steps=5 if quick else 600,
+        optimizer="adam", learning_rate=0.003,  # as configs/tiny.py
         log_every=5 if quick else 100, checkpoint_every=10_000, dropout=0.1,
         data_dir=os.path.join(workdir, "tfds"),
     )
     start = time.perf_counter()
-    train(cfg, os.path.join(workdir, "run"), progress=not quick)
+    summary = train(cfg, os.path.join(workdir, "run"), progress=not quick)
     export(os.path.join(workdir, "run"), os.path.join(workdir, "model"), overwrite=True)
-    print(f"pretrained {cfg.max_steps} steps in {time.perf_counter() - start:.0f} s; exported to {workdir}/model")
+    print(f"pretrained {summary['step']} steps in {time.perf_counter() - start:.0f} s; exported to {workdir}/model")
     return Elmo.load(os.path.join(workdir, "model"), batch_size=256)
 
 
