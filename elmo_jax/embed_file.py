@@ -25,6 +25,7 @@ import tempfile
 import h5py
 
 from elmo_jax.errors import ElmoError
+from elmo_jax.textio import decode_line
 
 FILE_LAYERS = ("all", "top", "average")
 
@@ -45,14 +46,7 @@ def read_sentences(path: str | os.PathLike) -> list[str]:
         raw_lines.pop()
     sentences = []
     for number, raw in enumerate(raw_lines, start=1):
-        try:
-            line = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ElmoError(
-                f"{path}: line {number} is not valid UTF-8 ({e.reason} at byte {e.start} of the "
-                f"line); convert the file to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8)"
-            ) from None
-        sentences.append(line.strip())
+        sentences.append(decode_line(raw, path, number).strip())
     return sentences
 
 
@@ -84,7 +78,7 @@ def embed_file(
     n_tokens = 0
     try:
         with h5py.File(tmp, "w") as f:
-            for indices, arrays in elmo._embed_groups(sentences, layers, batch_size=batch_size,
+            for indices, arrays in elmo.embed_groups(sentences, layers, batch_size=batch_size,
                                                        progress=progress):
                 for i, a in zip(indices, arrays):
                     f.create_dataset(str(i), data=a)

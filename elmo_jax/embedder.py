@@ -237,7 +237,7 @@ class Elmo:
             raise TypeError("embed() takes a list of sentences; wrap a single sentence as [sentence]")
         sentences = list(sentences)
         out: list[np.ndarray | None] = [None] * len(sentences)
-        for indices, arrays in self._embed_groups(
+        for indices, arrays in self.embed_groups(
             sentences, layers, batch_size=batch_size, stateful=stateful, progress=progress, mix_params=mix_params
         ):
             for i, a in zip(indices, arrays):
@@ -265,7 +265,7 @@ class Elmo:
                 out[i] = v.mean(axis=-2)
         return out
 
-    def _embed_groups(
+    def embed_groups(
         self,
         sentences: Sequence[Sentence],
         layers: str = "all",
@@ -275,7 +275,9 @@ class Elmo:
         progress: bool | None = None,
         mix_params: dict | None = None,
     ) -> Iterator[tuple[list[int], list[np.ndarray]]]:
-        """Yields ``(input indices, arrays)`` group by group (the engine of :meth:`embed`)."""
+        """Like :meth:`embed`, but streaming: yields ``(input indices, arrays)`` one padded
+        group at a time, so a caller can write results out without holding them all (the
+        ``elmo-jax embed`` command does)."""
         if isinstance(sentences, (str, bytes)):
             raise TypeError(
                 "embed() takes a list of sentences; wrap a single sentence as [sentence]"

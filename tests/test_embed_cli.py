@@ -68,7 +68,7 @@ def test_cli_bad_inputs(tmp_path, model_dir, capsys):
     assert "is empty" in capsys.readouterr().err
     (tmp_path / "latin1.txt").write_bytes("ok line\nsecond\ncaf\xe9 au lait\n".encode("latin-1"))
     assert main(["embed", str(tmp_path / "latin1.txt"), str(out), "--all", *m]) == 2
-    assert "line 3 is not valid UTF-8" in capsys.readouterr().err
+    assert "line 3: not valid UTF-8" in capsys.readouterr().err
     assert main(["embed", str(tmp_path / "missing.txt"), str(out), "--all", *m]) == 2
     assert "input file not found" in capsys.readouterr().err
     assert not out.exists() and not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())
@@ -105,8 +105,8 @@ def test_interrupted_write_leaves_no_file(tmp_path, elmo):
         pass
 
     class Exploding:
-        def _embed_groups(self, *a, **k):
-            yield from elmo._embed_groups(["a b"], "all")
+        def embed_groups(self, *a, **k):
+            yield from elmo.embed_groups(["a b"], "all")
             raise Boom()
 
     with pytest.raises(Boom):

@@ -46,6 +46,7 @@ from typing import Protocol, runtime_checkable
 import tensorflow_datasets as tfds
 
 from elmo_jax.errors import ElmoError
+from elmo_jax.textio import decode_line
 
 __all__ = [
     "SentenceSource",
@@ -193,12 +194,7 @@ class ElmoLocalText(tfds.core.GeneratorBasedBuilder):
         for path in self.builder_config.files:
             with open(path, "rb") as f:
                 for lineno, raw in enumerate(f, start=1):
-                    try:
-                        line = raw.decode("utf-8")
-                    except UnicodeDecodeError as e:
-                        raise ValueError(
-                            f"{path}, line {lineno}: not valid UTF-8 ({e.reason} at byte {e.start} of the line)"
-                        ) from None
+                    line = decode_line(raw, path, lineno)
                     tokens = line.split()
                     if not tokens:
                         continue

@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from elmo_jax.textio import decode_line
+
 BOS = "<S>"
 EOS = "</S>"
 UNK = "<UNK>"
@@ -134,10 +136,7 @@ class Vocabulary:
         tokens: list[str] = []
         first_line: dict[str, int] = {}
         for lineno, raw in enumerate(raw_lines, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}, line {lineno}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+            line = decode_line(raw, path, lineno)
             tok = line.strip()
             if not tok:
                 raise ValueError(f"{path}, line {lineno}: empty line inside the vocabulary file")

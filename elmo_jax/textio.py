@@ -1,0 +1,20 @@
+"""Reading user text files: one line of bytes -> str, with an error that names the line."""
+
+from __future__ import annotations
+
+from elmo_jax.errors import ElmoError
+
+
+class TextEncodingError(ElmoError, ValueError):
+    """A line of an input file that is not valid UTF-8."""
+
+
+def decode_line(raw: bytes, path: str, lineno: int) -> str:
+    """``raw`` decoded as UTF-8; otherwise an error naming ``path``, the line and the fix."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise TextEncodingError(
+            f"{path}, line {lineno}: not valid UTF-8 ({e.reason} at byte {e.start} of the line); "
+            f"convert the file to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8)"
+        ) from None
