@@ -54,11 +54,7 @@ def test_padding_invariance_both_directions():
     batch, _ = forward(params, TINY, batch_to_ids([["x"] * 9, short, ["y"] * 13], max_length=16))
     np.testing.assert_allclose(np.asarray(batch[:, 1, :4]), np.asarray(alone[:, 0]), atol=1e-6, rtol=0)
     assert not np.asarray(batch[:, 1, 4:]).any()
-    assert layers_shape(batch) == (3, 3, 16, 64)
-
-
-def layers_shape(x):
-    return tuple(x.shape)
+    assert batch.shape == (3, 3, 16, 64)
 
 
 def test_backward_stack_is_forward_machinery_on_reversed_sentence():
