@@ -63,7 +63,7 @@ from elmo_jax.train.step import init_train_state, make_optimizer
 # Fields that may change when a run is resumed; every other field must match.
 RESUMABLE_FIELDS = {
     "epochs", "max_steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every",
-    "parallel", "data_dir",
+    "parallel", "data_dir", "remat_steps",
 }
 
 
@@ -356,6 +356,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
     dtype = jnp.bfloat16 if cfg.compute_dtype == "bfloat16" else jnp.float32
     runner = make_runner(cfg.parallel, dict(
         config=model_config, optimizer=optimizer, loss_fn=selection.fn, dropout_rate=cfg.dropout, dtype=dtype,
+        remat_steps=cfg.remat_steps,
     ))
     batcher = LMBatcher(
         data.train, vocab, local_batch, cfg.unroll_steps, model_config.char_cnn.max_characters_per_token,

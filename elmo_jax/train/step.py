@@ -72,6 +72,7 @@ def lm_losses(
     dropout_rate: float = 0.0,
     dtype=jnp.float32,
     axis_name: str | None = None,
+    remat_steps: int = 0,
 ) -> tuple[jax.Array, tuple[dict, dict]]:
     """The objective ``0.5 * (forward + backward)`` mean cross-entropy over the global batch.
 
@@ -79,7 +80,8 @@ def lm_losses(
     ``{fwd,bwd}_mask [B, T]``.  ``loss_fn(softmax, h, targets, key)`` gives per-position
     losses (sampled or full softmax); it gets keys from ``sample_rng`` (the same on every
     device, so one set of negatives serves the global batch); ``dropout_rng`` should
-    differ per device.  Returns the loss, the new LSTM state (gradient
+    differ per device.  ``remat_steps``: recompute LSTM activations in chunks of that many
+    steps in the backward pass (see :func:`elmo_jax.model.lstm.lstm_layer`).  Returns the loss, the new LSTM state (gradient
     stopped) and per-direction sums and counts for metrics.
     """
     ids_RBTC = jnp.stack([batch["fwd_char_ids"], batch["bwd_char_ids"]])
@@ -93,7 +95,7 @@ def lm_losses(
     k_fwd, k_bwd = jax.random.split(sample_rng if sample_rng is not None else jax.random.key(0))
     outputs, new_state = lstm_stack(
         params["bilm"]["lstm"], config, x_RBTP, real_RBT, lstm_state,
-        dropout_rate=dropout_rate, rng=k_lstm, dtype=dtype,
+        dropout_rate=dropout_rate, rng=k_lstm, dtype=dtype, remat_steps=remat_steps,
     )
     top_RBTP = outputs[-1]
     if dropout_rate > 0.0:
@@ -127,6 +129,7 @@ def train_step(
     dropout_rate: float,
     dtype=jnp.float32,
     axis_name: str | None = None,
+    remat_steps: int = 0,
 ) -> tuple[dict, dict, dict]:
     """One update -> (new train state, new LSTM state, metrics of the global batch)."""
     params = train_state["params"]
@@ -134,7 +137,7 @@ def train_step(
     def objective(p):
         return lm_losses(
             p, config, batch, lstm_state, loss_fn, sample_rng=sample_rng, dropout_rng=dropout_rng,
-            dropout_rate=dropout_rate, dtype=dtype, axis_name=axis_name,
+            dropout_rate=dropout_rate, dtype=dtype, axis_name=axis_name, remat_steps=remat_steps,
         )
 
     (loss, (new_lstm_state, metrics)), grads = jax.value_and_grad(objective, has_aux=True)(params)
