@@ -117,18 +117,18 @@ def wsd_nearest_neighbour(vectors: np.ndarray, senses: Sequence[str], is_test: n
 
 def logistic_regression_probe(x_train: np.ndarray, y_train: Sequence[Any], x_test: np.ndarray,
                               y_test: Sequence[Any], steps: int = 300, lr: float = 0.05,
-                              l2: float = 1e-4) -> float:
+                              l2: float = 1e-4, per_token: bool = False):
     """Test accuracy of a multinomial logistic regression trained on ``(x_train, y_train)``.
 
     Features are standardised with the training mean and deviation; training is full-batch
     Adam on the mean cross-entropy plus ``l2 * |W|^2``.  Classes unseen in training are
-    always wrong.
+    always wrong.  With ``per_token`` it returns the boolean ``[n_test]`` correctness instead.
     """
     x_train = np.asarray(x_train, dtype=np.float32)
     x_test = np.asarray(x_test, dtype=np.float32)
     classes = sorted(set(y_train))
     if not classes or len(x_test) == 0:
-        return float("nan")
+        return np.zeros(len(x_test), dtype=bool) if per_token else float("nan")
     index = {c: i for i, c in enumerate(classes)}
     y = np.array([index[c] for c in y_train])
     mean = x_train.mean(0)
@@ -156,7 +156,7 @@ def logistic_regression_probe(x_train: np.ndarray, y_train: Sequence[Any], x_tes
             param -= lr * (m[j] / (1 - b1**t)) / (np.sqrt(v[j] / (1 - b2**t)) + eps)
     pred = np.argmax(((x_test - mean) / std) @ w + b, axis=1)
     truth = np.array([index.get(c, -1) for c in y_test])
-    return float((pred == truth).mean())
+    return (pred == truth) if per_token else float((pred == truth).mean())
 
 
 def _views(n_layers: int, width: int) -> list[tuple[str, int, slice]]:
@@ -174,8 +174,9 @@ def _views(n_layers: int, width: int) -> list[tuple[str, int, slice]]:
 def probe_table(embeddings: Sequence[np.ndarray], labels: Sequence[Mapping[str, Any]], *,
                 sentences: Sequence[Sequence[str]] | None = None,
                 sides: Mapping[str, str] | None = None, test_fraction: float = 0.5,
-                seed: int = 0, max_class_train: int = 20_000, class_steps: int = 300
-                ) -> list[dict[str, Any]]:
+                seed: int = 0, max_class_train: int = 20_000, class_steps: int = 300,
+                is_test: Sequence[bool] | None = None,
+                token_subsets: Mapping[str, Sequence[bool]] | None = None) -> list[dict[str, Any]]:
     """Runs both probes on every view of the layers; returns one dict per row.
 
     Args:
@@ -186,6 +187,12 @@ def probe_table(embeddings: Sequence[np.ndarray], labels: Sequence[Mapping[str, 
       sides: optional ``{word: "left"|"right"|"both"}``, used when labels lack
         ``resolved_by``.
       test_fraction, seed: the sentence split (:func:`split_sentences`).
+      is_test: optional explicit split, one bool per sentence (``test_fraction`` is then
+        unused), e.g. held-out sentences as the test side and training-corpus sentences as
+        the probes' training side (the 1-NN neighbours and the class probe's examples).
+      token_subsets: optional ``{name: one bool per token of all sentences}``; each row also
+        gets ``word_class_<name>``, the class probe's accuracy on the test tokens flagged
+        (e.g. ``"unseen"``: word forms that never occurred in the model's training text).
       max_class_train: at most this many training tokens for the class probe (a fixed
         subsample), to keep it to seconds.
     Returns:
@@ -206,7 +213,13 @@ def probe_table(embeddings: Sequence[np.ndarray], labels: Sequence[Mapping[str, 
         if a.shape[1] != len(lab["classes"]) or a.shape[1] != len(lab["senses"]):
             raise ValueError(f"embeddings[{i}] has {a.shape[1]} tokens but its labels have "
                              f"{len(lab['classes'])}")
-    is_test_sent = split_sentences(len(arrays), test_fraction, seed)
+    if is_test is None:
+        is_test_sent = split_sentences(len(arrays), test_fraction, seed)
+    else:
+        is_test_sent = np.asarray(is_test, dtype=bool)
+        if is_test_sent.shape != (len(arrays),) or is_test_sent.all() or not is_test_sent.any():
+            raise ValueError(f"is_test must hold one bool per sentence ({len(arrays)}) with both "
+                             f"training and test sentences")
     tok_test = np.concatenate([np.full(a.shape[1], t) for a, t in zip(arrays, is_test_sent)])
     classes = [c for lab in labels for c in lab["classes"]]
     senses = [s for lab in labels for s in lab["senses"]]
@@ -226,6 +239,13 @@ def probe_table(embeddings: Sequence[np.ndarray], labels: Sequence[Mapping[str, 
         train_idx = np.sort(np.random.default_rng(seed + 1).choice(train_idx, max_class_train,
                                                                    replace=False))
     test_idx = np.flatnonzero(tok_test)
+    subsets = {}
+    for name, flags in (token_subsets or {}).items():
+        flags = np.asarray(flags, dtype=bool)
+        if flags.shape != (len(classes),):
+            raise ValueError(f"token_subsets[{name!r}] has {flags.shape[0] if flags.ndim else 0} "
+                             f"flags for {len(classes)} tokens")
+        subsets[name] = flags[test_idx]
     y_train = [classes[i] for i in train_idx]
     y_test = [classes[i] for i in test_idx]
 
@@ -241,9 +261,13 @@ def probe_table(embeddings: Sequence[np.ndarray], labels: Sequence[Mapping[str, 
             row["n_wsd_test"] = wsd["n_test"]
             for side in SIDES:
                 row[f"wsd_{side}"] = wsd.get(f"acc_{side}", float("nan"))
-        row["word_class"] = logistic_regression_probe(x[train_idx], y_train, x[test_idx], y_test,
-                                                      steps=class_steps)
+        correct = logistic_regression_probe(x[train_idx], y_train, x[test_idx], y_test,
+                                            steps=class_steps, per_token=True)
+        row["word_class"] = float(correct.mean()) if len(correct) else float("nan")
         row["n_class_test"] = len(test_idx)
+        for name, sub in subsets.items():
+            row[f"word_class_{name}"] = float(correct[sub].mean()) if sub.any() else float("nan")
+            row[f"n_class_test_{name}"] = int(sub.sum())
         rows.append(row)
 
     base: dict[str, Any] = {"view": "majority baseline"}
@@ -266,9 +290,15 @@ def probe_table(embeddings: Sequence[np.ndarray], labels: Sequence[Mapping[str, 
         for i in all_train:
             per_word[tokens[i]][classes[i]] += 1
         guess = {w: min(c, key=lambda k: (-c[k], k)) for w, c in per_word.items()}
-        base["word_class_per_word"] = (float(np.mean(
-            [guess.get(tokens[i], top) == classes[i] for i in test_idx])) if len(test_idx) else nan)
+        hits = np.array([guess.get(tokens[i], top) == classes[i] for i in test_idx], dtype=bool)
+        base["word_class_per_word"] = float(hits.mean()) if len(test_idx) else nan
+        for name, sub in subsets.items():
+            base[f"word_class_per_word_{name}"] = float(hits[sub].mean()) if sub.any() else nan
     base["n_class_test"] = len(test_idx)
+    for name, sub in subsets.items():
+        base[f"word_class_{name}"] = (float(np.mean([classes[i] == top for i in test_idx[sub]]))
+                                      if sub.any() else nan)
+        base[f"n_class_test_{name}"] = int(sub.sum())
     rows.append(base)
     return rows
 
@@ -279,16 +309,21 @@ def format_probe_table(rows: Sequence[Mapping[str, Any]]) -> str:
     def pct(x: Any) -> str:
         return "   -" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{100 * x:5.1f}"
 
+    last = rows[-1] if rows else {}
+    subsets = [k[len("n_class_test_"):] for k in last if k.startswith("n_class_test_")]
     head = f"{'view':<18} {'WSD 1-NN':>8} {'left':>6} {'right':>6} {'both':>6} {'class':>7}"
+    head += "".join(f" {'class/' + n:>13}" for n in subsets)
     lines = [head, "-" * len(head)]
     for r in rows:
-        cls = pct(r.get("word_class"))
-        lines.append(f"{r['view']:<18} {pct(r.get('wsd')):>8} {pct(r.get('wsd_left')):>6} "
-                     f"{pct(r.get('wsd_right')):>6} {pct(r.get('wsd_both')):>6} {cls:>7}")
+        line = (f"{r['view']:<18} {pct(r.get('wsd')):>8} {pct(r.get('wsd_left')):>6} "
+                f"{pct(r.get('wsd_right')):>6} {pct(r.get('wsd_both')):>6} {pct(r.get('word_class')):>7}")
+        lines.append(line + "".join(f" {pct(r.get('word_class_' + n)):>13}" for n in subsets))
         if "word_class_per_word" in r:
-            lines.append(f"{'  (per-word majority class)':<48} {pct(r['word_class_per_word']):>7}")
-    last = rows[-1] if rows else {}
+            line = f"{'  (per-word majority class)':<48} {pct(r['word_class_per_word']):>7}"
+            lines.append(line + "".join(f" {pct(r.get('word_class_per_word_' + n)):>13}" for n in subsets))
     lines.append(f"WSD: accuracy over {last.get('n_wsd_test', 0)} test occurrences of polysemous "
                  f"words (left/right/both: the side of the context that decides the sense); "
-                 f"class: linear probe accuracy over {last.get('n_class_test', 0)} test tokens.")
+                 f"class: linear probe accuracy over {last.get('n_class_test', 0)} test tokens"
+                 + "".join(f"; class/{n}: over the {last['n_class_test_' + n]} of them that are {n}"
+                           for n in subsets) + ".")
     return "\n".join(lines)

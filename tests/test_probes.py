@@ -108,3 +108,30 @@ def test_bad_shapes_are_reported(corpus):
     emb[2] = np.zeros((3, len(sents[2]) + 1, 8), np.float32)
     with pytest.raises(ValueError, match=r"embeddings\[2\]"):
         P.probe_table(emb, labels[:5])
+
+
+def test_explicit_split_and_token_subsets(corpus):
+    """Probes fitted on one set of sentences, scored on another, and on a flagged subset."""
+    lang, sents, labels = corpus
+    emb = S.oracle_embeddings(lang, sents)
+    is_test = np.arange(len(sents)) < 300  # first 300 sentences are the test side
+    n_tokens = sum(len(s) for s in sents)
+    test_tokens = np.concatenate([np.full(len(s), t) for s, t in zip(sents, is_test)])
+    # flag the test tokens whose form never occurs on the training side (an "unseen" set)
+    train_forms = {w for s, t in zip(sents, is_test) if not t for w in s}
+    unseen = np.array([w not in train_forms for s in sents for w in s])
+    rows = P.probe_table(emb, labels, sentences=sents, class_steps=100, is_test=is_test,
+                         token_subsets={"unseen": unseen})
+    base = _row(rows, "majority baseline")
+    assert base["n_class_test"] == int(test_tokens.sum())
+    assert base["n_class_test_unseen"] == int((unseen & test_tokens).sum()) > 0
+    # oracle posteriors carry the class, so the probe gets unseen forms right where the
+    # per-word majority (which has never seen them) cannot do better than the top class
+    full = _row(rows, "layer 1")
+    assert full["word_class_unseen"] > 0.9
+    assert base["word_class_per_word_unseen"] == pytest.approx(base["word_class_unseen"])
+    assert "class/unseen" in P.format_probe_table(rows)
+    with pytest.raises(ValueError, match="one bool per sentence"):
+        P.probe_table(emb, labels, is_test=is_test[:-1])
+    with pytest.raises(ValueError, match="token_subsets"):
+        P.probe_table(emb, labels, is_test=is_test, token_subsets={"x": unseen[: n_tokens - 1]})
