@@ -121,6 +121,8 @@ class SyntheticLanguage:
       max_len: sentences longer than this are rejected by the sampler and get probability 0
         from the scorer, which divides by ``P(len <= max_len)`` so the distribution stays
         normalised; ``None`` for no limit.
+      lemmas: ``{word form: stem}`` for the inflected (generated) forms, so that a form
+        never seen in training can be traced to a stem that was.
     """
 
     seed: int | None
@@ -134,6 +136,7 @@ class SyntheticLanguage:
     emit: np.ndarray
     polysemous: dict[str, dict[str, Any]]
     max_len: int | None = None
+    lemmas: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         s, v = len(self.state_names), len(self.vocab)
@@ -346,8 +349,8 @@ class _Builder:
                     out[k] = out.get(k, 0.0) + p * w / total
         return out
 
-    def compile(self, start: str, seed: int | None,
-                max_len: int | None = None) -> SyntheticLanguage:
+    def compile(self, start: str, seed: int | None, max_len: int | None = None,
+                lemmas: dict[str, str] | None = None) -> SyntheticLanguage:
         n, v = len(self.states), len(self.vocab)
         start_v = np.zeros(n)
         for k, p in self._resolve([(start, 1.0)]).items():
@@ -379,6 +382,7 @@ class _Builder:
             emit=emit,
             polysemous=self.polysemous,
             max_len=max_len,
+            lemmas=dict(lemmas or {}),
         )
 
 
@@ -581,8 +585,8 @@ def _add_frame(b: _Builder, fr: dict[str, Any]) -> None:
     b.polysemous[word] = {"side": fr["side"], "senses": list(fr["senses"])}
 
 
-def make_language(seed: int = DEFAULT_SEED, *, n_nouns: int = 260, n_verbs: int = 150,
-                  n_adjs: int = 70, n_names: int = 30, zipf_exponent: float = 1.05,
+def make_language(seed: int = DEFAULT_SEED, *, n_nouns: int = 1000, n_verbs: int = 500,
+                  n_adjs: int = 250, n_names: int = 30, zipf_exponent: float = 1.05,
                   derived_share: float = 0.08, derived_exponent: float = 1.0,
                   max_len: int | None = 40) -> SyntheticLanguage:
     """Builds the seeded default language (the same seed gives the same language).
@@ -749,7 +753,11 @@ def make_language(seed: int = DEFAULT_SEED, *, n_nouns: int = 260, n_verbs: int 
 
     for fr in FRAMES:
         _add_frame(b, fr)
-    return b.compile("SENTENCE", seed, max_len)
+    lemmas = {f: v for v in verbs for f in [*_verb_forms(v).values(), "re" + _verb_forms(v)["past"],
+                                             "re" + _verb_forms(v)["ing"]]}
+    lemmas.update({f: n for n in nouns for f in (n, _plural(n))})
+    lemmas.update({f: a for a in adjs for f in (a, _adverb(a), "un" + a)})
+    return b.compile("SENTENCE", seed, max_len, lemmas)
 
 
 def random_language(seed: int, n_states: int = 3, n_words: int = 4, end_prob: float = 0.3,
@@ -984,6 +992,8 @@ def _build_corpus(d: Path, seed: int, n_train: int, n_heldout: int) -> dict[str,
                      (json.dumps(lab, ensure_ascii=False, separators=(",", ":")) for lab in labels))
     train_vocab = sorted({w for s in train for w in s})
     heldout_tokens = [w for s in heldout for w in s]
+    train_set = set(train_vocab)
+    train_stems = {language.lemmas[w] for w in train_vocab if w in language.lemmas}
     lens = [len(s) for s in train]
     base = ngram_baselines(train, heldout)
     sense_counts = Counter(x for lab in train_labels for x in lab["senses"] if x != NO_SENSE)
@@ -996,7 +1006,10 @@ def _build_corpus(d: Path, seed: int, n_train: int, n_heldout: int) -> dict[str,
         "language_vocab_size": len(language.vocab),
         "n_states": len(language.state_names),
         "train_vocab_size": len(train_vocab),
-        "heldout_oov_tokens": sum(1 for w in heldout_tokens if w not in set(train_vocab)),
+        "heldout_oov_tokens": sum(1 for w in heldout_tokens if w not in train_set),
+        "heldout_unseen_forms_of_seen_stems": sum(
+            1 for w in heldout_tokens
+            if w not in train_set and language.lemmas.get(w) in train_stems),
         "sentence_length": {"min": min(lens), "max": max(lens), "mean": sum(lens) / len(lens)},
         "perplexity_convention": "exp(-sum log p / sum(len+1)); the +1 is </S>",
         "optimum_heldout_perplexity": optimum_perplexity(language, heldout),
@@ -1047,7 +1060,8 @@ def _format_summary(stats: dict[str, Any], out_dir: str) -> str:
         f"({stats['n_train_tokens']} tokens), {stats['n_heldout_sentences']} held-out "
         f"({stats['n_heldout_tokens']} tokens), seed {stats['seed']}",
         f"vocabulary: {stats['train_vocab_size']} forms in train; "
-        f"{stats['heldout_oov_tokens']} held-out tokens unseen in train",
+        f"{stats['heldout_oov_tokens']} held-out tokens unseen in train "
+        f"({stats['heldout_unseen_forms_of_seen_stems']} of them new forms of stems seen in train)",
         "held-out perplexity (per token incl. </S>):",
         f"  optimum (true distribution)       {stats['optimum_heldout_perplexity']:8.2f}",
         "  optimum, train vocab + <UNK>      "
