@@ -53,8 +53,10 @@ byte-identical files.  :func:`add_corpus_command` registers ``elmo-jax corpus``.
 Default size (:data:`DEFAULT_N_TRAIN` = 40,000 training sentences, about 300k tokens, mean
 length 7.6, lengths 1..40; :data:`DEFAULT_N_HELDOUT` = 2,000 held-out sentences, about 15.7k
 tokens) is chosen so that the ``tiny`` preset sees the corpus a few times in about ten minutes
-on two CPU cores.  With seed 0 the language has 2,006 word forms (1,940 occur in training);
-held-out perplexities: optimum 23.1, bigram 38.5, unigram 277.
+on two CPU cores.  With seed 0 the language has 6,126 word forms (5,221 occur in training);
+the held-out text has 50 tokens unseen in training, 48 of them new inflections of seen stems.
+Held-out perplexities: optimum 27.25 (unseen words merged into ``<UNK>``), bigram 50.6,
+unigram 327.
 """
 
 from __future__ import annotations

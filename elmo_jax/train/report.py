@@ -10,12 +10,14 @@ from elmo_jax.config import ElmoConfig
 
 
 def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, eval_result: dict | None,
-                     max_sentences: int = 2000, max_probe_train: int = 3000) -> str:
+                     max_sentences: int = 2000, max_probe_train: int = 20000) -> str:
     """A printable report; ``params`` are the biLM's (no softmax).
 
     Probes are fitted on up to ``max_probe_train`` training-corpus sentences that hold a
-    polysemous word (the 1-NN neighbours, as the paper's §5.3 uses a sense-annotated corpus)
-    and evaluated on up to ``max_sentences`` held-out sentences; the class probe is also
+    polysemous word (the 1-NN neighbours, as the paper's §5.3 uses a whole sense-annotated
+    corpus; with the default corpus that is all 13,381 of them: 1-NN accuracy grows with
+    the number of neighbours, 94.2 -> 97.5 % on the tiny model's top layer from 3,000 to
+    all) and evaluated on up to ``max_sentences`` held-out sentences; the class probe is also
     scored on the held-out tokens whose form never occurs in the training text.
     """
     from elmo_jax.data.synthetic import load_corpus
