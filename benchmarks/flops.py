@@ -90,6 +90,32 @@ def format_breakdown(name: str, config, num_negatives: int = 8192) -> str:
     )
 
 
+def weight_traffic_bound(config, length: int, bytes_per_s: float, dtype: str = "float32") -> float:
+    """Tokens/s ceiling for embedding ONE sentence of ``length`` tokens from memory traffic.
+
+    With one row the recurrence is a matrix-vector product per step: every one of the
+    ``length + 2`` steps (``<S>``, ``</S>``) must stream the recurrent weights ``W_h [P, 4H]``
+    and ``W_p [H, P]`` of every layer and direction from memory (when they do not fit in the cache).
+    Everything else (char CNN, highway, projection, ``W_x``) is read once per call in float32;
+    with ``bfloat16`` the recurrent weights are converted once (read 4 + write 2 bytes) and
+    then streamed at 2 bytes each.
+    """
+    from elmo_jax.config import count_params
+
+    recurrent = recurrent_weight_bytes(config) // 4
+    once = count_params(config) - recurrent
+    width = 2 if dtype == "bfloat16" else 4
+    convert = 6 * recurrent if dtype == "bfloat16" else 0
+    total = (length + 2) * recurrent * width + once * 4 + convert
+    return length / (total / bytes_per_s)
+
+
+def recurrent_weight_bytes(config) -> int:
+    """float32 bytes of ``W_h`` and ``W_p`` over all layers and both directions."""
+    l = config.lstm
+    return 4 * l.n_layers * 2 * (l.projection_dim * 4 * l.dim + l.dim * l.projection_dim)
+
+
 if __name__ == "__main__":
     import os
     import sys

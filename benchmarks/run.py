@@ -17,6 +17,7 @@ or /work/peer-env).  Without it the suite still runs and says the peer is unavai
 from __future__ import annotations
 
 import argparse
+import glob
 import datetime
 import json
 import shutil
@@ -111,6 +112,17 @@ def make_sentences(path: str, lengths, seed: int = 0) -> None:
         json.dump({"words": words, "by_length": by_length, "agreement": agreement}, f)
 
 
+def last_level_cache_bytes() -> int | None:
+    """Size of CPU 0's largest cache from Linux sysfs (None elsewhere)."""
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        with open(path) as f:
+            text = f.read().strip()
+        mult = {"K": 2**10, "M": 2**20, "G": 2**30}.get(text[-1:], 1)
+        sizes.append(int(text.rstrip("KMG")) * mult)
+    return max(sizes) if sizes else None
+
+
 class Suite:
     def __init__(self, args):
         self.args = args
@@ -193,6 +205,10 @@ class Suite:
         if "error" in m:
             raise SystemExit(f"matmul failed: {m['error']}")
         log(f"  {m['gflops']:.1f} GFLOP/s (median), best {m['best_gflops']:.1f}")
+        bw = self.ours("membw", "--n", "512", "--min-reps", "10", "--min-time", "2", "--max-reps", "50")
+        self.results["membw"] = bw
+        if "gb_per_s" in bw:
+            log(f"  weight-streaming bandwidth (1-row x @ W, W 512 MiB f32): {bw['gb_per_s']:.1f} GB/s")
 
     def embed(self) -> None:
         rows = []
@@ -222,6 +238,19 @@ class Suite:
                         row["ratio"] = b["tokens_per_s"] / row["peer"]["tokens_per_s"]
                 rows.append(row)
                 log("  " + self._embed_line(row))
+                if (batch, length) in self.bf16_shapes:
+                    b16 = self.ours("embed", "--mode", "bilm", "--dtype", "bfloat16", *common, *shape,
+                                    *self.reps)
+                    r16 = {"preset": preset, "batch": batch, "length": length, "tokens": batch * length,
+                           "dtype": "bfloat16", "ours": b16}
+                    if "tokens_per_s" in b16:
+                        r16["gflops"] = b16["tokens_per_s"] * fpt / 1e9
+                        r16["util"] = b16["tokens_per_s"] * fpt / peak
+                        r16["speedup_vs_f32"] = b16["tokens_per_s"] / b["tokens_per_s"] if "tokens_per_s" in b else None
+                        if "tokens_per_s" in row.get("peer", {}):
+                            r16["ratio"] = b16["tokens_per_s"] / row["peer"]["tokens_per_s"]
+                    rows.append(r16)
+                    log("  bf16 " + self._embed_line(r16))
             if not self.args.no_parts:
                 p = self.ours("parts", *common, "--batch", "16", "--length", "20", *self.reps)
                 self.results.setdefault("parts", {})[preset] = p
@@ -256,22 +285,47 @@ class Suite:
         peak = self.results["matmul"]["gflops"] * 1e9
         b, t = (16, 20) if self.args.quick else (self.args.train_batch, 20)
         steps = "2" if self.args.quick else "3"
+        dtypes = ["float32"] if self.args.no_bf16_train else ["float32", "bfloat16"]
         for preset in self.train_presets:
             cfg = ElmoConfig.preset(preset)
             fpt = flops.train_flops_per_token(cfg, self.args.negatives)
-            log(f"{preset}: training step, batch {b} x unroll {t} ...")
-            r = self.ours("train", "--preset", preset, "--sentences", self.sentences, "--batch", str(b),
-                          "--length", str(t), "--steps", steps, "--vocab", str(self.args.vocab),
-                          "--negatives", str(self.args.negatives))
-            if "tokens_per_s" in r:
-                r["gflops"] = r["tokens_per_s"] * fpt / 1e9
-                r["util"] = r["tokens_per_s"] * fpt / peak
-                log(f"  {r['tokens_per_s']:.0f} tokens/s, {r['gflops']:.1f} GFLOP/s, "
-                    f"compile {r['lower_s'] + r['compile_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
-            else:
-                log(f"  failed: {r.get('error', '')[-500:]}")
-            rows.append(r)
+            for dtype in dtypes:
+                log(f"{preset}: training step ({dtype}), batch {b} x unroll {t} ...")
+                r = self.ours("train", "--preset", preset, "--sentences", self.sentences, "--batch", str(b),
+                              "--length", str(t), "--steps", steps, "--vocab", str(self.args.vocab),
+                              "--negatives", str(self.args.negatives), "--dtype", dtype)
+                if "tokens_per_s" in r:
+                    r["gflops"] = r["tokens_per_s"] * fpt / 1e9
+                    r["util"] = r["tokens_per_s"] * fpt / peak
+                    log(f"  {r['tokens_per_s']:.0f} tokens/s, {r['gflops']:.1f} GFLOP/s, "
+                        f"compile {r['lower_s'] + r['compile_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
+                    f32 = next((x for x in rows if x.get("preset") == preset and x.get("dtype") == "float32"
+                                and "losses" in x), None)
+                    if dtype != "float32" and f32 is not None:
+                        # same init, batch and keys: the loss after each step, bf16 against f32
+                        r["loss_abs_diff_vs_f32"] = [abs(u - v) for u, v in zip(r["losses"], f32["losses"])]
+                        r["speedup_vs_f32"] = r["tokens_per_s"] / f32["tokens_per_s"]
+                else:
+                    log(f"  failed: {r.get('error', '')[-500:]}")
+                rows.append(r)
         self.results["train"] = rows
+
+    def memory(self) -> None:
+        rows = []
+        preset, remat = self.args.memory_preset, self.args.memory_remat
+        for length in self.memory_lengths:
+            for k in (0, remat):
+                log(f"{preset}: training memory, batch 32 x unroll {length}, remat_steps {k} ...")
+                r = self.ours("train", "--preset", preset, "--sentences", self.sentences, "--batch", "32",
+                              "--length", str(length), "--steps", "1", "--vocab", str(self.args.vocab),
+                              "--negatives", str(self.args.negatives), "--remat", str(k))
+                if "error" in r:
+                    log(f"  failed: {r['error'][-300:]}")
+                else:
+                    log(f"  peak RSS {r['peak_rss_mb']:.0f} MB (after init {r['rss_after_init_mb']:.0f}), "
+                        f"step {r['median_s']:.2f} s")
+                rows.append(r)
+        self.results["memory"] = rows
 
     # -- report ------------------------------------------------------------------------
     @staticmethod
@@ -308,7 +362,7 @@ class Suite:
         lines.append("")
         lines.append("Embedding (tokens/s = real tokens, no markers/padding; 'ours' = jitted bilm on fixed-shape "
                      "char ids, 'embed()' = Elmo.embed end to end incl. tokenisation, bucketing and host copy):")
-        hdr = (f"{'preset':9s} {'batch':>5s} {'len':>4s} {'ours tok/s':>10s} {'embed()':>8s} {'peer tok/s':>10s} "
+        hdr = (f"{'preset':9s} {'dtype':5s} {'batch':>5s} {'len':>4s} {'ours tok/s':>10s} {'embed()':>8s} {'peer tok/s':>10s} "
                f"{'ours/peer':>9s} {'GFLOP/s':>8s} {'%peak':>6s} {'compile s':>9s} {'1st embed()':>11s} "
                f"{'RSS MB':>7s} {'peer RSS':>8s} {'load1':>5s}")
         lines.append(hdr)
@@ -319,11 +373,43 @@ class Suite:
                 continue
             f = lambda x, k, fmt: (format(x[k], fmt) if k in x else "-")  # noqa: E731
             lines.append(
-                f"{row['preset']:9s} {row['batch']:5d} {row['length']:4d} {o['tokens_per_s']:10.0f} "
+                f"{row['preset']:9s} {row.get('dtype', 'f32')[:5]:5s} {row['batch']:5d} {row['length']:4d} {o['tokens_per_s']:10.0f} "
                 f"{f(e, 'tokens_per_s', '8.0f'):>8s} {f(p, 'tokens_per_s', '10.0f'):>10s} "
                 f"{f(row, 'ratio', '9.2f'):>9s} {row['gflops']:8.1f} {100 * row['util']:6.1f} "
                 f"{o['lower_s'] + o['compile_s']:9.2f} {f(e, 'first_call_s', '11.2f'):>11s} "
                 f"{o['peak_rss_mb']:7.0f} {f(p, 'peak_rss_mb', '8.0f'):>8s} {o['load1_before']:5.2f}")
+        b16 = [row for row in r.get("embed", []) if row.get("dtype") == "bfloat16" and "tokens_per_s" in row["ours"]]
+        if b16:
+            lines.append("")
+            lines.append("bfloat16 compute (f32 params, cell state and accumulation) against float32, same input:")
+            for row in b16:
+                o = row["ours"]
+                lines.append(f"  {row['preset']:9s} {row['batch']:3d}x{row['length']:<3d} speed x{row['speedup_vs_f32']:.2f}, "
+                             f"max |bf16 - f32| / max |f32| = {o['max_rel_err_vs_f32']:.2e} (per layer "
+                             + ", ".join(f"{e:.3f}" for e in o["max_abs_err_vs_f32_per_layer"]) + " of max "
+                             + ", ".join(f"{v:.2f}" for v in o["max_abs_f32_per_layer"]) + ")")
+        bw = r.get("membw", {}).get("gb_per_s")
+        singles = [row for row in r.get("embed", []) if row["batch"] == 1 and "tokens_per_s" in row["ours"]]
+        if bw and singles:
+            lines.append("")
+            llc = last_level_cache_bytes()
+            lines.append(f"Single sentence vs the weight-traffic bound (weight-streaming bandwidth {bw:.1f} GB/s "
+                         f"measured above; each of the T+2 LSTM steps must read every recurrent weight, the rest "
+                         f"is read once; last-level cache {llc / 2**20:.0f} MiB):" if llc else
+                         f"Single sentence vs the weight-traffic bound (weight-streaming bandwidth {bw:.1f} GB/s "
+                         f"measured above; each of the T+2 LSTM steps must read every recurrent weight, the rest "
+                         f"is read once):")
+            for row in singles:
+                cfg = ElmoConfig.preset(row["preset"])
+                bound = flops.weight_traffic_bound(cfg, row["length"], bw * 1e9, row.get("dtype", "float32"))
+                got = row["ours"]["tokens_per_s"]
+                line = (f"  {row['preset']:9s} {row.get('dtype', 'float32'):8s} 1x{row['length']}: "
+                        f"{got:7.1f} tok/s, bound {bound:7.1f} tok/s ({100 * got / bound:5.1f} % of it)")
+                recurrent_mb = flops.recurrent_weight_bytes(cfg) / 2**20
+                if llc and recurrent_mb * 2**20 < llc:
+                    line += (f"; its recurrent weights ({recurrent_mb:.0f} MiB) fit in the cache, "
+                             f"so the memory bound does not apply")
+                lines.append(line)
         if r.get("parts"):
             lines.append("")
             lines.append("Where the time goes (batch 16 x 20 tokens, each part jitted alone, median):")
@@ -355,15 +441,32 @@ class Suite:
             lines.append("")
             lines.append(f"Training (jitted train_step, adagrad 0.2, clip 10, dropout 0.1, sampled softmax "
                          f"{self.args.negatives} of vocab {self.args.vocab}; tokens = batch x unroll per step):")
-            lines.append(f"{'preset':9s} {'batch x T':>9s} {'step s':>7s} {'tok/s':>7s} {'GFLOP/s':>8s} "
+            lines.append(f"{'preset':9s} {'dtype':5s} {'batch x T':>9s} {'step s':>7s} {'tok/s':>7s} {'GFLOP/s':>8s} "
                          f"{'%peak':>6s} {'compile s':>9s} {'RSS MB':>7s} {'load1':>5s}")
             for t in r["train"]:
                 if "error" in t:
                     lines.append(f"FAILED: {t['error'][-300:]}")
                     continue
-                lines.append(f"{t['preset']:9s} {t['batch']:>4d} x {t['unroll']:<2d} {t['median_s']:7.2f} "
+                lines.append(f"{t['preset']:9s} {t.get('dtype', 'float32')[:5]:5s} {t['batch']:>4d} x {t['unroll']:<2d} {t['median_s']:7.2f} "
                              f"{t['tokens_per_s']:7.0f} {t['gflops']:8.1f} {100 * t['util']:6.1f} "
-                             f"{t['lower_s'] + t['compile_s']:9.2f} {t['peak_rss_mb']:7.0f} {t['load1_before']:5.2f}")
+                             f"{t['lower_s'] + t['compile_s']:9.2f} {t['peak_rss_mb']:7.0f} {t['load1_before']:5.2f}"
+                             + (f"  x{t['speedup_vs_f32']:.2f} vs f32, |loss - f32 loss| per step "
+                                + ", ".join(f"{d:.1e}" for d in t["loss_abs_diff_vs_f32"])
+                                if "loss_abs_diff_vs_f32" in t else ""))
+        if r.get("memory"):
+            lines.append("")
+            lines.append("Training memory vs unroll length (batch 32, one step; peak RSS of the process, "
+                         "and its growth over the RSS after init):")
+            lines.append(f"{'preset':9s} {'unroll':>6s} {'remat':>5s} {'step s':>7s} {'RSS MB':>7s} {'growth MB':>9s} "
+                         f"{'device MB':>9s}")
+            for t in r["memory"]:
+                if "error" in t:
+                    lines.append(f"FAILED: {t['error'][-300:]}")
+                    continue
+                dev = t.get("device_peak_mb")
+                lines.append(f"{t['preset']:9s} {t['unroll']:6d} {t['remat']:5d} {t['median_s']:7.2f} "
+                             f"{t['peak_rss_mb']:7.0f} {t['peak_rss_mb'] - t['rss_after_init_mb']:9.0f} "
+                             f"{(format(dev, '9.0f') if dev else '-'):>9s}")
         if r["notes"]:
             lines.append("")
             lines.extend(f"note: {n}" for n in r["notes"])
@@ -376,7 +479,15 @@ def main() -> None:
     p.add_argument("--presets", help="embedding presets (default: small,medium,original; --quick: small)")
     p.add_argument("--train-presets", help="training presets (default: small,original; --quick: small; "
                                            "'none' to skip)")
-    p.add_argument("--train-batch", type=int, default=32, help="training batch rows (unroll is 20)")
+    p.add_argument("--train-batch", type=int, default=128,
+                   help="training batch rows per step (unroll is 20); 128 is the recipe's per-GPU batch")
+    p.add_argument("--bf16-shapes", default="64x20,1x20",
+                   help="embedding shapes also measured with bfloat16 compute ('none' to skip)")
+    p.add_argument("--no-bf16-train", action="store_true", help="skip the bfloat16 training rows")
+    p.add_argument("--memory-preset", default="small", help="preset of the memory-vs-length rows")
+    p.add_argument("--memory-lengths", default="20,80,320",
+                   help="unroll lengths of the training memory rows, with and without remat ('none' to skip)")
+    p.add_argument("--memory-remat", type=int, default=20, help="remat_steps of the rematerialised rows")
     p.add_argument("--vocab", type=int, default=100_000)
     p.add_argument("--negatives", type=int, default=8192)
     p.add_argument("--peer-env", default=os.environ.get("ELMO_PEER_ENV", "/work/peer-env"))
@@ -395,12 +506,18 @@ def main() -> None:
     suite.train_presets = [] if tp == "none" else tp.split(",")
     suite.shapes = ([tuple(int(v) for v in x.split("x")) for x in args.shapes.split(",")]
                     if args.shapes else EMBED_SHAPES)
+    parse = lambda v: [] if v == "none" else [tuple(int(u) for u in x.split("x")) for x in v.split(",")]  # noqa: E731
+    suite.bf16_shapes = parse(args.bf16_shapes)
+    suite.memory_lengths = [] if args.memory_lengths == "none" or args.quick else [
+        int(x) for x in args.memory_lengths.split(",")]
     t0 = time.perf_counter()
     try:
         suite.setup()
         suite.matmul()
         suite.embed()
         suite.train()
+        if suite.memory_lengths:
+            suite.memory()
     finally:
         if args.keep_tmp:
             log(f"temp dir kept: {suite.tmp}")

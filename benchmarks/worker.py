@@ -4,7 +4,7 @@ A fresh process per configuration keeps compile caches apart and makes ``ru_maxr
 resident memory of that configuration alone.  The result is printed as one JSON line prefixed
 with ``RESULT `` (anything else on stdout/stderr is log).
 
-Tasks: ``info``, ``save``, ``matmul``, ``embed`` (jitted ``bilm`` on fixed-shape arrays, or the
+Tasks: ``info``, ``save``, ``matmul``, ``membw`` (weight-streaming bandwidth), ``embed`` (jitted ``bilm`` on fixed-shape arrays, or the
 ``Elmo.embed`` API), ``parts`` (token encoder and LSTM stack jitted and timed separately),
 ``train`` (jitted ``train_step``), ``agree`` (outputs for the peer comparison).
 """
@@ -94,6 +94,29 @@ def task_matmul(args) -> dict:
             "best_gflops": 2 * n**3 / min(times) / 1e9, **device_info()}
 
 
+def task_membw(args) -> dict:
+    """Weight-streaming bandwidth: ``x @ W`` with one row ``x`` and a float32 ``W`` of ``--n`` MiB.
+
+    This is the access pattern of a single-sentence LSTM step (every weight read once, two
+    FLOPs per weight), so its rate is the ceiling for that case; ``W`` is far larger than
+    any cache.
+    """
+    k = 4096
+    n = args.n * 2**20 // 4 // k
+    w = jnp.ones((k, n), jnp.float32)
+    x = jnp.ones((1, k), jnp.float32)
+    f = jax.jit(lambda a, b: a @ b).lower(x, w).compile()
+    jax.block_until_ready(f(x, w))
+    times = timed_reps(lambda: jax.block_until_ready(f(x, w)), args.min_reps, args.min_time, args.max_reps)
+    med = statistics.median(times)
+    return {"mib": args.n, "times": times, "median_s": med, "gb_per_s": k * n * 4 / med / 1e9,
+            "best_gb_per_s": k * n * 4 / min(times) / 1e9, **device_info()}
+
+
+def _dtype(name: str):
+    return {"float32": jnp.float32, "bfloat16": jnp.bfloat16}[name]
+
+
 def _load_elmo(model_dir: str, batch_size: int):
     from elmo_jax.embedder import Elmo
 
@@ -113,8 +136,10 @@ def task_embed(args) -> dict:
     if args.mode == "bilm":
         ids = jnp.asarray(chars.batch_to_ids(sents, cfg.char_cnn.max_characters_per_token, max_length=args.length))
         lengths = jnp.asarray([len(s) for s in sents], jnp.int32)
+        dtype = _dtype(args.dtype)
+        fn = jax.jit(functools.partial(bilm, dtype=dtype), static_argnums=1)
         t0 = time.perf_counter()
-        lowered = jax.jit(bilm, static_argnums=1).lower(elmo.params, cfg, ids, None, lengths)
+        lowered = fn.lower(elmo.params, cfg, ids, None, lengths)
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()
@@ -126,7 +151,13 @@ def task_embed(args) -> dict:
         t3 = time.perf_counter()
         call()  # first execution (allocations, thread pool warm-up)
         first = time.perf_counter() - t3
-        out.update(lower_s=t1 - t0, compile_s=t2 - t1, first_call_s=first)
+        out.update(lower_s=t1 - t0, compile_s=t2 - t1, first_call_s=first, dtype=args.dtype)
+        if dtype != jnp.float32:  # accuracy cost against float32 on the same input
+            ref = np.asarray(jax.jit(bilm, static_argnums=1)(elmo.params, cfg, ids, None, lengths)[0])
+            low = np.asarray(compiled(elmo.params, ids, None, lengths)[0])
+            out["max_abs_err_vs_f32_per_layer"] = np.abs(low - ref).max(axis=(1, 2, 3)).tolist()
+            out["max_abs_f32_per_layer"] = np.abs(ref).max(axis=(1, 2, 3)).tolist()
+            out["max_rel_err_vs_f32"] = float(np.abs(low - ref).max() / np.abs(ref).max())
     elif args.mode == "embed":
         def call():
             elmo.embed(sents, batch_size=args.batch)  # returns host numpy arrays
@@ -206,7 +237,7 @@ def task_train(args) -> dict:
     rss_init = peak_rss_mb()
     step = jax.jit(
         functools.partial(train_step, config=cfg, optimizer=optimizer, loss_fn=selection.fn,
-                          dropout_rate=0.1),
+                          dropout_rate=0.1, dtype=_dtype(args.dtype), remat_steps=args.remat),
         donate_argnums=(0, 1),
     )
     keys = [jax.random.split(jax.random.fold_in(jax.random.key(2), i)) for i in range(args.steps + 1)]
@@ -226,7 +257,7 @@ def task_train(args) -> dict:
         losses.append(float(metrics["loss"]))
     med = statistics.median(times)
     return {"preset": args.preset, "batch": b, "unroll": t, "tokens": b * t, "vocab": args.vocab,
-            "negatives": args.negatives, "lower_s": t1 - t0, "compile_s": t2 - t1, "times": times,
+            "negatives": args.negatives, "dtype": args.dtype, "remat": args.remat, "lower_s": t1 - t0, "compile_s": t2 - t1, "times": times,
             "median_s": med, "tokens_per_s": b * t / med, "losses": losses,
             "peak_rss_mb": peak_rss_mb(), "rss_after_init_mb": rss_init,
             "load1_before": load_before, "load1_after": os.getloadavg()[0],
@@ -244,7 +275,9 @@ def task_agree(args) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("task", choices=["info", "save", "matmul", "embed", "parts", "train", "agree"])
+    p.add_argument("task", choices=["info", "save", "matmul", "membw", "embed", "parts", "train", "agree"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--remat", type=int, default=0, help="train: remat_steps (0 = keep all activations)")
     p.add_argument("--preset")
     p.add_argument("--model-dir")
     p.add_argument("--sentences")
