@@ -317,13 +317,12 @@ class Suite:
             for k in (0, remat):
                 log(f"{preset}: training memory, batch 32 x unroll {length}, remat_steps {k} ...")
                 r = self.ours("train", "--preset", preset, "--sentences", self.sentences, "--batch", "32",
-                              "--length", str(length), "--steps", "1", "--vocab", str(self.args.vocab),
-                              "--negatives", str(self.args.negatives), "--remat", str(k))
+                              "--length", str(length), "--vocab", str(self.args.vocab),
+                              "--negatives", str(self.args.negatives), "--remat", str(k), "--compile-only")
                 if "error" in r:
                     log(f"  failed: {r['error'][-300:]}")
                 else:
-                    log(f"  peak RSS {r['peak_rss_mb']:.0f} MB (after init {r['rss_after_init_mb']:.0f}), "
-                        f"step {r['median_s']:.2f} s")
+                    log(f"  step buffers {r.get('temp_mb', float('nan')):.0f} MiB, compile {r['compile_s']:.1f} s")
                 rows.append(r)
         self.results["memory"] = rows
 
@@ -455,18 +454,16 @@ class Suite:
                                 if "loss_abs_diff_vs_f32" in t else ""))
         if r.get("memory"):
             lines.append("")
-            lines.append("Training memory vs unroll length (batch 32, one step; peak RSS of the process, "
-                         "and its growth over the RSS after init):")
-            lines.append(f"{'preset':9s} {'unroll':>6s} {'remat':>5s} {'step s':>7s} {'RSS MB':>7s} {'growth MB':>9s} "
-                         f"{'device MB':>9s}")
+            lines.append("Training memory vs unroll length (batch 32; XLA's compiled memory analysis of "
+                         "train_step: temporary buffers of one step, beyond params/optimizer state/batch):")
+            lines.append(f"{'preset':9s} {'unroll':>6s} {'remat':>5s} {'temp MiB':>9s} {'MiB/step':>9s} "
+                         f"{'args MiB':>9s} {'compile s':>9s}")
             for t in r["memory"]:
-                if "error" in t:
-                    lines.append(f"FAILED: {t['error'][-300:]}")
+                if "error" in t or "temp_mb" not in t:
+                    lines.append(f"FAILED: {t.get('error', 'no memory analysis on this backend')[-300:]}")
                     continue
-                dev = t.get("device_peak_mb")
-                lines.append(f"{t['preset']:9s} {t['unroll']:6d} {t['remat']:5d} {t['median_s']:7.2f} "
-                             f"{t['peak_rss_mb']:7.0f} {t['peak_rss_mb'] - t['rss_after_init_mb']:9.0f} "
-                             f"{(format(dev, '9.0f') if dev else '-'):>9s}")
+                lines.append(f"{t['preset']:9s} {t['unroll']:6d} {t['remat']:5d} {t['temp_mb']:9.0f} "
+                             f"{t['temp_mb'] / t['unroll']:9.1f} {t['argument_mb']:9.0f} {t['compile_s']:9.1f}")
         if r["notes"]:
             lines.append("")
             lines.extend(f"note: {n}" for n in r["notes"])
@@ -485,7 +482,7 @@ def main() -> None:
                    help="embedding shapes also measured with bfloat16 compute ('none' to skip)")
     p.add_argument("--no-bf16-train", action="store_true", help="skip the bfloat16 training rows")
     p.add_argument("--memory-preset", default="small", help="preset of the memory-vs-length rows")
-    p.add_argument("--memory-lengths", default="20,80,320",
+    p.add_argument("--memory-lengths", default="20,80,320,1280",
                    help="unroll lengths of the training memory rows, with and without remat ('none' to skip)")
     p.add_argument("--memory-remat", type=int, default=20, help="remat_steps of the rematerialised rows")
     p.add_argument("--vocab", type=int, default=100_000)
@@ -510,6 +507,15 @@ def main() -> None:
     suite.bf16_shapes = parse(args.bf16_shapes)
     suite.memory_lengths = [] if args.memory_lengths == "none" or args.quick else [
         int(x) for x in args.memory_lengths.split(",")]
+    # Fail now, not after half an hour of measuring: the output folder is created and the
+    # file opened for writing before anything runs.
+    out_dir = os.path.dirname(os.path.abspath(args.out))
+    os.makedirs(out_dir, exist_ok=True)
+    try:
+        with open(args.out, "a"):
+            pass
+    except OSError as e:
+        raise SystemExit(f"cannot write the results file {args.out}: {e}; pass a writable --out path")
     t0 = time.perf_counter()
     try:
         suite.setup()
@@ -527,9 +533,11 @@ def main() -> None:
     suite.results["wall_s"] = time.perf_counter() - t0
     table = suite.report()
     suite.results["table"] = table
-    with open(args.out, "w") as f:
-        json.dump(suite.results, f, indent=1)
     print(table)
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(suite.results, f, indent=1)
+    os.replace(tmp, args.out)
     print(f"\nwall time {suite.results['wall_s']:.0f} s; results written to {args.out}")
 
 
