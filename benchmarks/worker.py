@@ -246,6 +246,13 @@ def task_train(args) -> dict:
     t1 = time.perf_counter()
     compiled = lowered.compile()
     t2 = time.perf_counter()
+    mem = compiled.memory_analysis()  # XLA's own accounting of the step's buffers
+    sizes = {"temp_mb": mem.temp_size_in_bytes / 2**20, "argument_mb": mem.argument_size_in_bytes / 2**20,
+             "output_mb": mem.output_size_in_bytes / 2**20} if mem is not None else {}
+    if args.compile_only:
+        return {"preset": args.preset, "batch": b, "unroll": t, "dtype": args.dtype, "remat": args.remat,
+                "lower_s": t1 - t0, "compile_s": t2 - t1, **sizes, "peak_rss_mb": peak_rss_mb(),
+                **device_info()}
     times, losses = [], []
     load_before = os.getloadavg()[0]
     for i in range(args.steps + 1):  # step 0 is the warm-up, not timed
@@ -261,7 +268,7 @@ def task_train(args) -> dict:
             "median_s": med, "tokens_per_s": b * t / med, "losses": losses,
             "peak_rss_mb": peak_rss_mb(), "rss_after_init_mb": rss_init,
             "load1_before": load_before, "load1_after": os.getloadavg()[0],
-            "loss_selection": selection.message, **device_info()}
+            "loss_selection": selection.message, **sizes, **device_info()}
 
 
 def task_agree(args) -> dict:
@@ -278,6 +285,7 @@ def main() -> None:
     p.add_argument("task", choices=["info", "save", "matmul", "membw", "embed", "parts", "train", "agree"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--remat", type=int, default=0, help="train: remat_steps (0 = keep all activations)")
+    p.add_argument("--compile-only", action="store_true", help="train: compile and report memory, do not run")
     p.add_argument("--preset")
     p.add_argument("--model-dir")
     p.add_argument("--sentences")

@@ -13,6 +13,8 @@ Parameters (a plain dict pytree, see :func:`init_encoder`)::
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -98,3 +100,29 @@ def encode_tokens(params: dict, config: ElmoConfig, char_ids: jax.Array, dtype=j
 def _dense(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
     return einsum("nf,fp->np", x, w, dtype)
 
+
+
+def encode_tokens_remat(params: dict, config: ElmoConfig, char_ids_RBTC: jax.Array, chunk_steps: int,
+                        dtype=jnp.float32) -> jax.Array:
+    """:func:`encode_tokens` over ``[R, B, T, C]`` in chunks of ``chunk_steps`` time steps,
+    each recomputed in the backward pass -> ``[R, B, T, P]`` (the same values).
+
+    For training on long windows.  The char CNN's largest tensor, the convolution output
+    (``[tokens, C - w + 1, filters]``: 400 kB per token with the standard filters), exists for
+    one chunk at a time in both passes, and the backward pass keeps only the chunks' char
+    ids; so the encoder's memory no longer grows with ``T`` beyond its inputs and outputs.
+    The price is one more encoder forward pass per step.
+    """
+    R, B, T, C = char_ids_RBTC.shape
+    n_chunks = -(-T // chunk_steps)
+    pad = n_chunks * chunk_steps - T
+    ids = jnp.pad(char_ids_RBTC, ((0, 0), (0, 0), (0, pad), (0, 0)))
+    ids_NRBKC = jnp.moveaxis(ids.reshape(R, B, n_chunks, chunk_steps, C), 2, 0)
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)
+    def chunk(ids_RBKC):
+        return encode_tokens(params, config, ids_RBKC, dtype=dtype)
+
+    e_NRBKP = jax.lax.map(chunk, ids_NRBKC)
+    e_RBTP = jnp.moveaxis(e_NRBKP, 0, 2).reshape(R, B, n_chunks * chunk_steps, -1)
+    return e_RBTP[:, :, :T]

@@ -80,38 +80,43 @@ def lstm_layer(
     Where ``mask`` is 0 the state is carried through unchanged and the output is 0, so
     the final state is the state after each row's last real step.  ``x W_x + b`` for all
     steps is one matmul here; the recurrence is :func:`recurrence` (hand-written backward
-    pass).  ``remat_steps > 0`` keeps only every ``remat_steps``-th state for the backward
-    pass and recomputes the rest (``jax.checkpoint`` per chunk of that many steps), so
-    training memory for the recurrence grows with ``T / remat_steps + remat_steps`` instead
-    of ``T``; the results are identical.
+    pass).  ``remat_steps > 0`` keeps only each chunk's inputs and first state for the
+    backward pass and recomputes the rest (``jax.checkpoint`` per chunk of that many steps,
+    input gates included), so the layer's backward memory is ``T x I`` inputs plus one
+    chunk's activations instead of ``T x (4H + H + 2P)``; the results are identical.
     """
     l = config.lstm
-    # The matmul in its natural layout, then one transpose to time-major: asking einsum for
-    # "trbg" directly is 1.5-6x slower on XLA:CPU (it transposes inside the dot).
-    gx_RBTG = einsum("rbti,rig->rbtg", x_RBTI, layer["w_x"], dtype) + layer["b"][:, None, None, :]
-    gx_TRBG = jnp.moveaxis(gx_RBTG, 2, 0)
-    mask_TRB1 = jnp.moveaxis(mask_RBT, -1, 0)[..., None].astype(gx_TRBG.dtype)
     clips = (l.cell_clip, l.proj_clip, jnp.dtype(dtype))
-    n_time = gx_TRBG.shape[0]
+
+    def input_gates(x_RBKI, mask_RBK):
+        # The matmul in its natural layout, then one transpose to time-major: asking einsum
+        # for "trbg" directly is 1.5-6x slower on XLA:CPU (it transposes inside the dot).
+        gx_RBKG = einsum("rbti,rig->rbtg", x_RBKI, layer["w_x"], dtype) + layer["b"][:, None, None, :]
+        gx_KRBG = jnp.moveaxis(gx_RBKG, 2, 0)
+        return gx_KRBG, jnp.moveaxis(mask_RBK, -1, 0)[..., None].astype(gx_KRBG.dtype)
+
+    n_time = x_RBTI.shape[2]
     if remat_steps <= 0 or n_time <= remat_steps:
-        h_TRBP, h_last, c_last = recurrence(layer["w_h"], layer["w_p"], gx_TRBG, mask_TRB1,
+        h_TRBP, h_last, c_last = recurrence(layer["w_h"], layer["w_p"], *input_gates(x_RBTI, mask_RBT),
                                             h0_RBP, c0_RBH, *clips)
         return jnp.moveaxis(h_TRBP, 0, 2), h_last, c_last
     # Chunks of remat_steps steps; padding steps have mask 0 and leave the state unchanged.
+    # The input gates are computed inside the chunk, so the backward pass keeps only the
+    # chunk's inputs [R, B, K, I] and its first state, not the 4H-wide gates.
     n_chunks = -(-n_time // remat_steps)
     pad = n_chunks * remat_steps - n_time
 
-    def chunked(a):
-        a = jnp.pad(a, [(0, pad)] + [(0, 0)] * (a.ndim - 1))
-        return a.reshape(n_chunks, remat_steps, *a.shape[1:])
+    def chunked(a):  # [R, B, T, ...] -> [N, R, B, K, ...]
+        a = jnp.pad(a, [(0, 0), (0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 3))
+        return jnp.moveaxis(a.reshape(*a.shape[:2], n_chunks, remat_steps, *a.shape[3:]), 2, 0)
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def chunk(carry, xs):
-        h_TRBP, h_last, c_last = recurrence(layer["w_h"], layer["w_p"], xs[0], xs[1], *carry, *clips)
-        return (h_last, c_last), h_TRBP
+        h_KRBP, h_last, c_last = recurrence(layer["w_h"], layer["w_p"], *input_gates(*xs), *carry, *clips)
+        return (h_last, c_last), h_KRBP
 
     (h_last, c_last), h_NKRBP = jax.lax.scan(
-        chunk, (h0_RBP, c0_RBH), (chunked(gx_TRBG), chunked(mask_TRB1)))
+        chunk, (h0_RBP, c0_RBH), (chunked(x_RBTI), chunked(mask_RBT)))
     h_TRBP = h_NKRBP.reshape(n_chunks * remat_steps, *h_NKRBP.shape[2:])[:n_time]
     return jnp.moveaxis(h_TRBP, 0, 2), h_last, c_last
 

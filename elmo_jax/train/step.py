@@ -21,13 +21,15 @@ from __future__ import annotations
 
 from typing import Callable
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import optax
 
 from elmo_jax.config import ElmoConfig
 from elmo_jax.model.bilm import init_params
-from elmo_jax.model.encoder import encode_tokens
+from elmo_jax.model.encoder import encode_tokens, encode_tokens_remat
 from elmo_jax.model.lstm import dropout, lstm_stack
 from elmo_jax.train.losses import full_softmax_loss, init_softmax
 
@@ -60,6 +62,29 @@ def _psum(x, axis_name):
     return x if axis_name is None else jax.lax.psum(x, axis_name)
 
 
+def _position_losses(loss_fn: LossFn, softmax: dict, h_BTP: jax.Array, targets_BT: jax.Array, key: jax.Array,
+                     remat_steps: int) -> jax.Array:
+    """``loss_fn`` per position ``[B, T]``; with ``0 < remat_steps < T`` in chunks of that many
+    steps, each recomputed in the backward pass, so that the ``[B * T, negatives]`` logits
+    exist for one chunk at a time.  Every chunk gets the same key, hence the same negatives:
+    the values equal the unchunked call's."""
+    T = h_BTP.shape[1]
+    if not 0 < remat_steps < T:
+        return loss_fn(softmax, h_BTP, targets_BT, key)
+    n_chunks = -(-T // remat_steps)
+    pad = n_chunks * remat_steps - T
+    h_NBKP = jnp.moveaxis(jnp.pad(h_BTP, ((0, 0), (0, pad), (0, 0))).reshape(
+        h_BTP.shape[0], n_chunks, remat_steps, -1), 1, 0)
+    t_NBK = jnp.moveaxis(jnp.pad(targets_BT, ((0, 0), (0, pad))).reshape(-1, n_chunks, remat_steps), 1, 0)
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)
+    def chunk(xs):
+        return loss_fn(softmax, xs[0], xs[1], key)
+
+    l_NBK = jax.lax.map(chunk, (h_NBKP, t_NBK))
+    return jnp.moveaxis(l_NBK, 0, 1).reshape(h_BTP.shape[0], -1)[:, :T]
+
+
 def lm_losses(
     params: dict,
     config: ElmoConfig,
@@ -80,15 +105,21 @@ def lm_losses(
     ``{fwd,bwd}_mask [B, T]``.  ``loss_fn(softmax, h, targets, key)`` gives per-position
     losses (sampled or full softmax); it gets keys from ``sample_rng`` (the same on every
     device, so one set of negatives serves the global batch); ``dropout_rng`` should
-    differ per device.  ``remat_steps``: recompute LSTM activations in chunks of that many
-    steps in the backward pass (see :func:`elmo_jax.model.lstm.lstm_layer`).  Returns the loss, the new LSTM state (gradient
+    differ per device.  ``remat_steps``: recompute the char CNN, the LSTM and the softmax
+    activations in chunks of that many steps in the backward pass (see
+    :func:`elmo_jax.model.encoder.encode_tokens_remat`, :func:`elmo_jax.model.lstm.lstm_layer`
+    and :func:`_position_losses`): the same values, with training memory nearly flat in the
+    window length.  Returns the loss, the new LSTM state (gradient
     stopped) and per-direction sums and counts for metrics.
     """
     ids_RBTC = jnp.stack([batch["fwd_char_ids"], batch["bwd_char_ids"]])
     targets_RBT = jnp.stack([batch["fwd_targets"], batch["bwd_targets"]])
     mask_RBT = jnp.stack([batch["fwd_mask"], batch["bwd_mask"]]).astype(jnp.float32)
     real_RBT = jnp.any(ids_RBTC > 0, axis=-1)
-    x_RBTP = encode_tokens(params["bilm"], config, ids_RBTC, dtype=dtype)
+    if 0 < remat_steps < ids_RBTC.shape[2]:
+        x_RBTP = encode_tokens_remat(params["bilm"], config, ids_RBTC, remat_steps, dtype=dtype)
+    else:
+        x_RBTP = encode_tokens(params["bilm"], config, ids_RBTC, dtype=dtype)
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
     k_lstm, k_top = jax.random.split(dropout_rng) if dropout_rate > 0.0 else (None, None)
@@ -102,7 +133,8 @@ def lm_losses(
         top_RBTP = dropout(k_top, top_RBTP, dropout_rate)
     # Negatives are drawn per direction but shared by every position (and device) of the batch.
     losses = [
-        loss_fn(params["softmax"], top_RBTP[r], targets_RBT[r], k) for r, k in enumerate((k_fwd, k_bwd))
+        _position_losses(loss_fn, params["softmax"], top_RBTP[r], targets_RBT[r], k, remat_steps)
+        for r, k in enumerate((k_fwd, k_bwd))
     ]
     sums = [jnp.sum(l * mask_RBT[r]) for r, l in enumerate(losses)]
     counts = [jax.lax.stop_gradient(_psum(jnp.sum(mask_RBT[r]), axis_name)) for r in range(2)]
