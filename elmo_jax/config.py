@@ -22,6 +22,8 @@ from typing import Any
 from elmo_jax import chars
 
 ACTIVATIONS = ("relu", "tanh")
+# Matmul operand dtypes (params, cell state and accumulation stay float32).
+COMPUTE_DTYPES = ("float32", "bfloat16")
 STANDARD_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
 
 

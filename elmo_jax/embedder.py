@@ -47,6 +47,7 @@ HDF5 with one dataset ``embedding`` ``[n_vocab, P]`` (the originals' token-embed
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -63,6 +64,7 @@ from elmo_jax.model.bilm import bilm, bilm_from_token_vectors, init_params
 from elmo_jax.model.encoder import encode_tokens
 from elmo_jax.model.heads import scalar_mix
 from elmo_jax.model.lstm import zero_state
+from elmo_jax.model.precision import compute_dtype
 from elmo_jax.weights import load_weights, save_weights
 
 OPTIONS_FILE = "options.json"
@@ -123,18 +125,22 @@ class Elmo:
     :meth:`reset_state` forgets it.
     """
 
-    def __init__(self, config: ElmoConfig, params: dict, batch_size: int = 64):
+    def __init__(self, config: ElmoConfig, params: dict, batch_size: int = 64, dtype: str = "float32"):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.config = config
         self.params = jax.tree.map(jnp.asarray, params)
         self.batch_size = batch_size
+        # "bfloat16": matmul operands in bf16, params, cell state, accumulation and outputs
+        # float32 (outputs within ~1e-2 relative of float32; see README "Speed").
+        self.dtype = compute_dtype(dtype)
         self.compiled_shapes: set[tuple[int, int]] = set()
         self.compiled_cache_shapes: set[tuple[str, int] | tuple[str, int, int]] = set()
         self._state: dict | None = None
-        self._forward = jax.jit(bilm, static_argnums=1)
-        self._forward_vectors = jax.jit(bilm_from_token_vectors, static_argnums=1)
-        self._encode = jax.jit(encode_tokens, static_argnums=1)
+        self._forward = jax.jit(functools.partial(bilm, dtype=self.dtype), static_argnums=1)
+        self._forward_vectors = jax.jit(functools.partial(bilm_from_token_vectors, dtype=self.dtype),
+                                        static_argnums=1)
+        self._encode = jax.jit(functools.partial(encode_tokens, dtype=self.dtype), static_argnums=1)
         self._cache_words: list[str] | None = None
         self._cache_index: dict[str, int] = {}
         self._cache_vectors: np.ndarray | None = None
@@ -148,6 +154,7 @@ class Elmo:
         options_file: str | os.PathLike | None = None,
         weight_file: str | os.PathLike | None = None,
         batch_size: int = 64,
+        dtype: str = "float32",
     ) -> "Elmo":
         """From a folder or from the two files.
 
@@ -172,14 +179,15 @@ class Elmo:
         if not os.path.exists(options_file):
             raise FileNotFoundError(f"options file not found: {options_file}")
         config = ElmoConfig.from_json_file(options_file)
-        return cls(config, load_weights(weight_file, config), batch_size=batch_size)
+        return cls(config, load_weights(weight_file, config), batch_size=batch_size, dtype=dtype)
 
     @classmethod
-    def random(cls, config: ElmoConfig | str = "tiny", seed: int = 0, batch_size: int = 64) -> "Elmo":
+    def random(cls, config: ElmoConfig | str = "tiny", seed: int = 0, batch_size: int = 64,
+               dtype: str = "float32") -> "Elmo":
         """A randomly initialised model (a preset name or an ``ElmoConfig``)."""
         if isinstance(config, str):
             config = ElmoConfig.preset(config)
-        return cls(config, init_params(jax.random.key(seed), config), batch_size=batch_size)
+        return cls(config, init_params(jax.random.key(seed), config), batch_size=batch_size, dtype=dtype)
 
     def save(self, model_dir: str | os.PathLike, overwrite: bool = False) -> None:
         """Write ``options.json`` + ``weights.hdf5`` in the released models' layout."""

@@ -112,3 +112,16 @@ def test_interrupted_write_leaves_no_file(tmp_path, elmo):
     with pytest.raises(Boom):
         embed_file(Exploding(), src, tmp_path / "out.hdf5")
     assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+
+
+def test_cli_bfloat16_embeds_within_tolerance(tmp_path, model_dir, elmo):
+    src = _write(tmp_path / "in.txt", LINES[:2])
+    out = tmp_path / "bf16.hdf5"
+    assert main(["embed", str(src), str(out), "--top", "--model", str(model_dir), "--dtype", "bfloat16",
+                 "--no-progress"]) == 0
+    expected = elmo.embed(LINES[:2], layers="top")
+    with h5py.File(out, "r") as f:
+        for i, e in enumerate(expected):
+            got = f[str(i)][...]
+            assert got.dtype == np.float32
+            assert 0.0 < np.abs(got - e).max() / np.abs(e).max() <= 2e-2

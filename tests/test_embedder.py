@@ -190,3 +190,25 @@ def test_embed_equals_batch_to_ids_forward():
 
     layers, _ = bilm(elmo.params, elmo.config, batch_to_ids([["p", "q", "r"]]))
     np.testing.assert_allclose(elmo.embed([["p", "q", "r"]])[0], np.asarray(layers[:, 0]), atol=1e-6)
+
+
+def test_bfloat16_option_stays_within_tolerance_of_float32(tiny):
+    """``dtype="bfloat16"``: bf16 matmul operands, float32 outputs within 2e-2 (relative to
+    the largest value) of the float32 model with the same weights, on every path."""
+    sents = ["the bank of the river", "她 去 银行 取钱", "a " * 30]
+    low = Elmo(tiny.config, tiny.params, batch_size=8, dtype="bfloat16")
+    ref = tiny.embed(sents)
+    got = low.embed(sents)
+    for a, b in zip(got, ref):
+        assert a.dtype == np.float32 and a.shape == b.shape
+        err = np.abs(a - b).max() / np.abs(b).max()
+        assert 0.0 < err <= 2e-2  # > 0: the bf16 path really ran
+    low.cache_vocabulary(["the", "bank", "of"])
+    cached = low.embed(sents)
+    for a, b in zip(cached, ref):
+        assert np.abs(a - b).max() / np.abs(b).max() <= 2e-2
+
+
+def test_unsupported_dtype_names_the_choices():
+    with pytest.raises(ValueError, match="float16.*use one of float32, bfloat16"):
+        Elmo.random("tiny", dtype="float16")

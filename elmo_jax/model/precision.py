@@ -3,6 +3,16 @@
 import jax
 import jax.numpy as jnp
 
+from elmo_jax.config import COMPUTE_DTYPES
+
+
+def compute_dtype(name) -> jnp.dtype:
+    """``"float32"`` / ``"bfloat16"`` (or the dtype itself) -> the dtype; anything else is a ``ValueError``."""
+    dtype = jnp.dtype(name) if not isinstance(name, str) or name in COMPUTE_DTYPES else None
+    if dtype is None or dtype.name not in COMPUTE_DTYPES:
+        raise ValueError(f"compute dtype {name!r} is not supported; use one of {', '.join(COMPUTE_DTYPES)}")
+    return dtype
+
 
 def accumulator(dtype) -> jnp.dtype:
     """The dtype of matmul results, cell state and carried state: at least float32."""

@@ -31,7 +31,7 @@ import typing
 from pathlib import Path
 from typing import Any, Sequence
 
-from elmo_jax.config import PRESETS, CharCNNConfig, ConfigError, ElmoConfig, LSTMConfig
+from elmo_jax.config import COMPUTE_DTYPES, PRESETS, CharCNNConfig, ConfigError, ElmoConfig, LSTMConfig
 
 __all__ = [
     "COMPUTE_DTYPES",
@@ -45,7 +45,6 @@ __all__ = [
     "resolve_config_path",
 ]
 
-COMPUTE_DTYPES = ("float32", "bfloat16")
 OPTIMIZERS = ("adagrad", "adam")
 PARALLEL_MODES = ("pmap", "mesh")
 DEFAULT_CONFIG = "configs/tiny.py"

@@ -50,6 +50,7 @@ from elmo_jax.data.text_source import make_source
 from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.errors import ElmoError
 from elmo_jax.model.lstm import zero_state
+from elmo_jax.model.precision import compute_dtype
 from elmo_jax.train import distributed
 from elmo_jax.train.checkpoints import Checkpoints
 from elmo_jax.train.config_loader import TrainConfig
@@ -353,7 +354,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
     selection = make_loss_fn(len(vocab), cfg.num_negatives)
     log(selection.message)
     optimizer = make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.initial_accumulator, cfg.clip_norm)
-    dtype = jnp.bfloat16 if cfg.compute_dtype == "bfloat16" else jnp.float32
+    dtype = compute_dtype(cfg.compute_dtype)
     runner = make_runner(cfg.parallel, dict(
         config=model_config, optimizer=optimizer, loss_fn=selection.fn, dropout_rate=cfg.dropout, dtype=dtype,
         remat_steps=cfg.remat_steps,
