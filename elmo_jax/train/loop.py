@@ -84,6 +84,10 @@ class RunData:
 
 # How long processes > 0 wait for process 0 to prepare the corpus and the vocabulary.
 PREPARE_TIMEOUT_S = float(os.environ.get("ELMO_JAX_PREPARE_TIMEOUT_S", 6 * 3600))
+# After a failed preparation, how long process 0 waits for the others to read its error,
+# and how long it then lets them exit before it (and the coordinator) goes.
+PREPARE_ACK_TIMEOUT_S = 30.0
+PREPARE_ACK_GRACE_S = 2.0
 
 
 def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None]) -> RunData:
@@ -101,11 +105,21 @@ def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None]) -> 
             data = _prepare_data(cfg, workdir, log)
         except Exception as e:
             distributed.publish("prepare", f"error: {type(e).__name__}: {e}")
+            # The runtime's coordinator lives in this process: leaving before the others have
+            # read the error and left too makes their runtime abort (SIGABRT) instead of
+            # exiting with the error.  Wait for their acknowledgements, then a moment more.
+            for p in range(1, jax.process_count()):
+                try:
+                    distributed.wait_for_value(f"prepare_ack/{p}", PREPARE_ACK_TIMEOUT_S, f"process {p}")
+                except distributed.DistributedError:
+                    pass
+            time.sleep(PREPARE_ACK_GRACE_S)
             raise
         distributed.publish("prepare", "ok")
         return data
     status = distributed.wait_for_value("prepare", PREPARE_TIMEOUT_S, "process 0 to prepare the corpus and vocabulary")
     if status != "ok":
+        distributed.publish(f"prepare_ack/{jax.process_index()}", "seen")
         raise TrainingError(f"process 0 failed to prepare the data: {status.removeprefix('error: ')}")
     return _prepare_data(cfg, workdir, log)
 
