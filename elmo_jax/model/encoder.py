@@ -21,6 +21,7 @@ import numpy as np
 
 from elmo_jax import chars
 from elmo_jax.config import ElmoConfig
+from elmo_jax.model.chunks import from_chunks, to_chunks
 from elmo_jax.model.precision import accumulator, einsum, product_dtype
 
 _ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh}
@@ -146,16 +147,10 @@ def encode_tokens_remat(params: dict, config: ElmoConfig, char_ids_RBTC: jax.Arr
     ids; so the encoder's memory no longer grows with ``T`` beyond its inputs and outputs.
     The price is one more encoder forward pass per step.
     """
-    R, B, T, C = char_ids_RBTC.shape
-    n_chunks = -(-T // chunk_steps)
-    pad = n_chunks * chunk_steps - T
-    ids = jnp.pad(char_ids_RBTC, ((0, 0), (0, 0), (0, pad), (0, 0)))
-    ids_NRBKC = jnp.moveaxis(ids.reshape(R, B, n_chunks, chunk_steps, C), 2, 0)
+    ids_NRBKC = to_chunks(char_ids_RBTC, 2, chunk_steps)
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def chunk(ids_RBKC):
         return encode_tokens(params, config, ids_RBKC, dtype=dtype, in_loop=True)
 
-    e_NRBKP = jax.lax.map(chunk, ids_NRBKC)
-    e_RBTP = jnp.moveaxis(e_NRBKP, 0, 2).reshape(R, B, n_chunks * chunk_steps, -1)
-    return e_RBTP[:, :, :T]
+    return from_chunks(jax.lax.map(chunk, ids_NRBKC), 2, char_ids_RBTC.shape[2])

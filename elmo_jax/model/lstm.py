@@ -30,6 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from elmo_jax.config import ElmoConfig
+from elmo_jax.model.chunks import from_chunks, to_chunks
 from elmo_jax.model.precision import accumulator, einsum
 
 N_DIRECTIONS = 2
@@ -103,21 +104,14 @@ def lstm_layer(
     # Chunks of remat_steps steps; padding steps have mask 0 and leave the state unchanged.
     # The input gates are computed inside the chunk, so the backward pass keeps only the
     # chunk's inputs [R, B, K, I] and its first state, not the 4H-wide gates.
-    n_chunks = -(-n_time // remat_steps)
-    pad = n_chunks * remat_steps - n_time
-
-    def chunked(a):  # [R, B, T, ...] -> [N, R, B, K, ...]
-        a = jnp.pad(a, [(0, 0), (0, 0), (0, pad)] + [(0, 0)] * (a.ndim - 3))
-        return jnp.moveaxis(a.reshape(*a.shape[:2], n_chunks, remat_steps, *a.shape[3:]), 2, 0)
-
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def chunk(carry, xs):
         h_KRBP, h_last, c_last = recurrence(layer["w_h"], layer["w_p"], *input_gates(*xs), *carry, *clips)
         return (h_last, c_last), h_KRBP
 
     (h_last, c_last), h_NKRBP = jax.lax.scan(
-        chunk, (h0_RBP, c0_RBH), (chunked(x_RBTI), chunked(mask_RBT)))
-    h_TRBP = h_NKRBP.reshape(n_chunks * remat_steps, *h_NKRBP.shape[2:])[:n_time]
+        chunk, (h0_RBP, c0_RBH), (to_chunks(x_RBTI, 2, remat_steps), to_chunks(mask_RBT, 2, remat_steps)))
+    h_TRBP = from_chunks(h_NKRBP, 0, n_time)
     return jnp.moveaxis(h_TRBP, 0, 2), h_last, c_last
 
 

@@ -29,6 +29,7 @@ import optax
 
 from elmo_jax.config import ElmoConfig
 from elmo_jax.model.bilm import init_params
+from elmo_jax.model.chunks import from_chunks, to_chunks
 from elmo_jax.model.encoder import encode_tokens, encode_tokens_remat
 from elmo_jax.model.lstm import dropout, lstm_stack
 from elmo_jax.train.losses import full_softmax_loss, init_softmax
@@ -71,18 +72,13 @@ def _position_losses(loss_fn: LossFn, softmax: dict, h_BTP: jax.Array, targets_B
     T = h_BTP.shape[1]
     if not 0 < remat_steps < T:
         return loss_fn(softmax, h_BTP, targets_BT, key)
-    n_chunks = -(-T // remat_steps)
-    pad = n_chunks * remat_steps - T
-    h_NBKP = jnp.moveaxis(jnp.pad(h_BTP, ((0, 0), (0, pad), (0, 0))).reshape(
-        h_BTP.shape[0], n_chunks, remat_steps, -1), 1, 0)
-    t_NBK = jnp.moveaxis(jnp.pad(targets_BT, ((0, 0), (0, pad))).reshape(-1, n_chunks, remat_steps), 1, 0)
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def chunk(xs):
         return loss_fn(softmax, xs[0], xs[1], key)
 
-    l_NBK = jax.lax.map(chunk, (h_NBKP, t_NBK))
-    return jnp.moveaxis(l_NBK, 0, 1).reshape(h_BTP.shape[0], -1)[:, :T]
+    l_NBK = jax.lax.map(chunk, (to_chunks(h_BTP, 1, remat_steps), to_chunks(targets_BT, 1, remat_steps)))
+    return from_chunks(l_NBK, 1, T)
 
 
 def lm_losses(
