@@ -225,17 +225,10 @@ class Suite:
             for batch, length in shapes:
                 row = {"preset": preset, "batch": batch, "length": length, "tokens": batch * length}
                 shape = ["--batch", str(batch), "--length", str(length)]
-                b = self.ours("embed", "--mode", "bilm", *common, *shape, *self.reps)
-                row["ours"] = b
-                if not self.args.no_e2e:
-                    row["ours_embed"] = self.ours("embed", "--mode", "embed", *common, *shape, *self.reps)
-                if self.peer_ok and self.peer_device:
-                    row["peer"] = self.peer("embed", *common, *shape, *self.reps, "--device", self.peer_device)
+                b = self._ours_and_peer(row, common, shape)
                 if "tokens_per_s" in b:
                     row["gflops"] = b["tokens_per_s"] * fpt / 1e9
                     row["util"] = b["tokens_per_s"] * fpt / peak
-                    if "tokens_per_s" in row.get("peer", {}):
-                        row["ratio"] = b["tokens_per_s"] / row["peer"]["tokens_per_s"]
                 rows.append(row)
                 log("  " + self._embed_line(row))
                 if (batch, length) in self.bf16_shapes:
@@ -260,6 +253,43 @@ class Suite:
             if self.peer_ok:
                 self.agree(preset)
         self.results["embed"] = rows
+
+    def _ours_and_peer(self, row: dict, common: list, shape: list) -> dict:
+        """Fill ``row`` with ours / embed() / peer for one shape, over ``--rounds`` rounds.
+
+        Each round runs ours and the peer back to back, the order alternating between
+        rounds, so that a slow phase of this shared machine falls on both sides.  Reported:
+        each side's median tokens/s over the rounds (every round's value is kept), and the
+        median of the per-round ratios.
+        """
+        rounds = []
+        for k in range(self.args.rounds):
+            got = {}
+            def run_ours():
+                got["ours"] = self.ours("embed", "--mode", "bilm", *common, *shape, *self.reps)
+            def run_peer():
+                if self.peer_ok and self.peer_device:
+                    got["peer"] = self.peer("embed", *common, *shape, *self.reps, "--device", self.peer_device)
+            for run in ((run_ours, run_peer) if k % 2 == 0 else (run_peer, run_ours)):
+                run()
+            if k == 0 and not self.args.no_e2e:
+                got["ours_embed"] = self.ours("embed", "--mode", "embed", *common, *shape, *self.reps)
+            rounds.append(got)
+        for side in ("ours", "ours_embed", "peer"):
+            runs = [g[side] for g in rounds if side in g]
+            if not runs:
+                continue
+            ok = [g for g in runs if "tokens_per_s" in g]
+            row[side] = dict(runs[0])
+            if len(ok) > 1:
+                row[side]["round_tokens_per_s"] = [g["tokens_per_s"] for g in ok]
+                row[side]["tokens_per_s"] = statistics.median(row[side]["round_tokens_per_s"])
+        ratios = [g["ours"]["tokens_per_s"] / g["peer"]["tokens_per_s"] for g in rounds
+                  if "tokens_per_s" in g.get("ours", {}) and "tokens_per_s" in g.get("peer", {})]
+        if ratios:
+            row["ratio"] = statistics.median(ratios)
+            row["round_ratios"] = ratios
+        return row["ours"]
 
     def agree(self, preset: str) -> None:
         ours = os.path.join(self.tmp, f"agree_ours_{preset}.npz")
@@ -361,6 +391,9 @@ class Suite:
         lines.append("")
         lines.append("Embedding (tokens/s = real tokens, no markers/padding; 'ours' = jitted bilm on fixed-shape "
                      "char ids, 'embed()' = Elmo.embed end to end incl. tokenisation, bucketing and host copy):")
+        if self.args.rounds > 1:
+            lines.append(f"  ({self.args.rounds} rounds of ours and the peer in alternating order: tok/s are medians "
+                         "over rounds, ours/peer the median of the per-round ratios, shown after the table)")
         hdr = (f"{'preset':9s} {'dtype':5s} {'batch':>5s} {'len':>4s} {'ours tok/s':>10s} {'embed()':>8s} {'peer tok/s':>10s} "
                f"{'ours/peer':>9s} {'GFLOP/s':>8s} {'%peak':>6s} {'compile s':>9s} {'1st embed()':>11s} "
                f"{'RSS MB':>7s} {'peer RSS':>8s} {'load1':>5s}")
@@ -377,6 +410,14 @@ class Suite:
                 f"{f(row, 'ratio', '9.2f'):>9s} {row['gflops']:8.1f} {100 * row['util']:6.1f} "
                 f"{o['lower_s'] + o['compile_s']:9.2f} {f(e, 'first_call_s', '11.2f'):>11s} "
                 f"{o['peak_rss_mb']:7.0f} {f(p, 'peak_rss_mb', '8.0f'):>8s} {o['load1_before']:5.2f}")
+        per_round = [row for row in r.get("embed", []) if len(row.get("round_ratios", [])) > 1]
+        if per_round:
+            lines.append("")
+            lines.append("Per round (ours tok/s / peer tok/s = ratio):")
+            for row in per_round:
+                cells = [f"{o:.0f}/{p:.0f}={q:.2f}" for o, p, q in zip(
+                    row["ours"]["round_tokens_per_s"], row["peer"]["round_tokens_per_s"], row["round_ratios"])]
+                lines.append(f"  {row['preset']:9s} {row['batch']:3d}x{row['length']:<3d} " + "  ".join(cells))
         b16 = [row for row in r.get("embed", []) if row.get("dtype") == "bfloat16" and "tokens_per_s" in row["ours"]]
         if b16:
             lines.append("")
@@ -488,6 +529,10 @@ def main() -> None:
     p.add_argument("--vocab", type=int, default=100_000)
     p.add_argument("--negatives", type=int, default=8192)
     p.add_argument("--peer-env", default=os.environ.get("ELMO_PEER_ENV", "/work/peer-env"))
+    p.add_argument("--rounds", type=int, default=1,
+                   help="embedding rows: repeat ours and the peer this many times, alternating "
+                        "their order; report medians (the peer's speed drifts by up to 30%% "
+                        "between runs on a shared machine)")
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--no-e2e", action="store_true", help="skip the Elmo.embed end-to-end column")
     p.add_argument("--no-parts", action="store_true", help="skip timing encoder and LSTMs separately")
@@ -496,6 +541,8 @@ def main() -> None:
     p.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (weights, sentences)")
     p.add_argument("--out", default="benchmark_results.json")
     args = p.parse_args()
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
 
     suite = Suite(args)
     suite.presets = (args.presets or ("small" if args.quick else "small,medium,original")).split(",")
