@@ -1,9 +1,10 @@
 """Speed rearrangements of the encoder leave its numbers alone (issue 7).
 
 On the CPU the char CNN runs in chunks of ``CNN_CHUNK_TOKENS`` tokens (a loop, with the
-hand-written convolution gradient), and :func:`bilm` encodes ``<S>``/``</S>`` in the same
-pass as the sentences.  The unoptimised paths are one convolution pass over all tokens
-(chunking switched off) and the markers encoded on their own.
+hand-written convolution gradient); the convolutions see only the first ``TRIMMED_CHARS``
+chars when every token of a pass is short; and :func:`bilm` encodes ``<S>``/``</S>`` in
+the same pass as the sentences.  The unoptimised paths are one convolution pass over all
+tokens and all chars (chunking and trimming switched off) and the markers encoded alone.
 """
 
 import jax
@@ -48,6 +49,13 @@ def _chunked_and_whole(monkeypatch, fn, chunk):
     return chunked, fn()
 
 
+def _trimmed_and_full(monkeypatch, fn):
+    """``fn()`` with the char trimming of the encoder on, then off (all 50 chars always)."""
+    trimmed = fn()
+    monkeypatch.setattr(encoder, "TRIMMED_CHARS", 10**9)
+    return trimmed, fn()
+
+
 def test_chunk_size_rule(monkeypatch):
     monkeypatch.setattr(encoder, "CNN_CHUNK_TOKENS", 4)
     assert encoder.cnn_chunk_tokens(7) == 0  # fewer than two chunks: one pass
@@ -90,3 +98,45 @@ def test_markers_in_the_sentence_pass_equal_markers_encoded_alone(bilm_fixtures)
     one_pass, _ = jax.jit(bilm, static_argnums=1)(params, cfg, ids, None, lengths)
     separate, _ = bilm_from_token_vectors(params, cfg, encode_tokens(params, cfg, ids), lengths)
     assert _rel(one_pass, separate) <= 1e-6
+
+
+@pytest.mark.parametrize("source", ["random", "fixture"])
+@pytest.mark.parametrize("long_word", [False, True])
+def test_trimmed_chars_equal_all_chars(monkeypatch, request, source, long_word):
+    """Short words only (the trimmed convolutions run), and with one 30-byte word in the
+    batch (the full ones run); padding tokens (id 0 tails) in both."""
+    if source == "fixture":
+        cfg, params = _fixture_model(request.getfixturevalue("bilm_fixtures"))
+    else:
+        cfg, params = TINY, init_params(jax.random.key(3), TINY)
+    n_chars = cfg.char_cnn.max_characters_per_token
+    sents = [["a", "tiny", "batch"], ["of", "short", "words", "here"]]
+    if long_word:
+        sents[0][1] = "x" * 30
+    ids = jnp.asarray(batch_to_ids(sents, n_chars))
+    run_start = int(jnp.max(jnp.where(ids != ids[..., -1:], jnp.arange(1, n_chars + 1), 0)))
+    widest = max(w for w, _ in cfg.char_cnn.filters)
+    assert (run_start + widest <= encoder.TRIMMED_CHARS) != long_word  # both branches are exercised
+    trimmed, full = _trimmed_and_full(monkeypatch, lambda: jax.jit(lambda p, i: bilm(p, cfg, i)[0])(params, ids))
+    assert trimmed.shape == full.shape
+    assert _rel(trimmed, full) <= 1e-5
+
+    w = jax.random.normal(jax.random.key(4), ids.shape[:-1] + (cfg.projection_dim,))
+
+    def grad():
+        return jax.jit(jax.grad(lambda p: jnp.sum(encode_tokens(p, cfg, ids) * w)))(params)
+
+    g_trimmed, g_full = _trimmed_and_full(monkeypatch, grad)
+    for a, b in zip(jax.tree.leaves(g_trimmed), jax.tree.leaves(g_full)):
+        assert a.shape == b.shape and _rel(a, b) <= 1e-5
+
+
+def test_trimming_respects_any_tail_id(monkeypatch):
+    """Ids not from ``batch_to_ids`` (a tail that mixes the padding char and 0) still give
+    the all-chars result: the trimmed path is only taken where it changes nothing."""
+    params = init_params(jax.random.key(5), TINY)
+    ids = np.asarray(batch_to_ids([["ab", "cd"]], TINY.char_cnn.max_characters_per_token))
+    ids[0, 0, 30:] = 0  # padding chars up to 30, then zeros: the repeated run starts at 30
+    ids = jnp.asarray(ids)
+    trimmed, full = _trimmed_and_full(monkeypatch, lambda: jax.jit(lambda p, i: encode_tokens(p, TINY, i))(params, ids))
+    assert _rel(trimmed, full) <= 1e-6
