@@ -7,6 +7,8 @@ the same pass as the sentences.  The unoptimised paths are one convolution pass 
 tokens and all chars (chunking and trimming switched off) and the markers encoded alone.
 """
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -140,3 +142,14 @@ def test_trimming_respects_any_tail_id(monkeypatch):
     ids = jnp.asarray(ids)
     trimmed, full = _trimmed_and_full(monkeypatch, lambda: jax.jit(lambda p, i: encode_tokens(p, TINY, i))(params, ids))
     assert _rel(trimmed, full) <= 1e-6
+
+
+def test_filters_wider_than_the_trimmed_chars_use_all_chars(monkeypatch):
+    """A config whose widest filter does not fit in TRIMMED_CHARS never traces the trimmed path."""
+    cfg = dataclasses.replace(TINY, char_cnn=dataclasses.replace(TINY.char_cnn, filters=((1, 4), (30, 8))))
+    params = init_params(jax.random.key(6), cfg)
+    ids = _ids(2, 3, cfg.char_cnn.max_characters_per_token)
+    out = jax.jit(lambda p, i: encode_tokens(p, cfg, i))(params, ids)
+    assert out.shape == (2, 3, cfg.projection_dim) and bool(jnp.all(jnp.isfinite(out)))
+    monkeypatch.setattr(encoder, "TRIMMED_CHARS", 10**9)
+    assert _rel(out, jax.jit(lambda p, i: encode_tokens(p, cfg, i))(params, ids)) <= 1e-6

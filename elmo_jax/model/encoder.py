@@ -122,8 +122,9 @@ token), and every convolution window inside that run gives the same output, so t
 max-pool needs the positions up to the run's start plus one window inside it: the first
 ``L + w`` chars, where ``L`` is where the run starts and ``w`` the widest filter.  When
 ``L + w <= TRIMMED_CHARS`` for every token of the pass (tokens of up to 15 bytes with the
-standard widths: ~99 % of English running text), the convolutions run on the first
-``TRIMMED_CHARS`` positions instead of all 50, with the same result; otherwise on all.
+standard widths), the convolutions run on the first ``TRIMMED_CHARS`` positions instead of
+all 50, with the same result; otherwise on all.  Configs whose tokens are no longer than
+this, or whose widest filter does not fit in it, always use all positions.
 """
 
 
@@ -131,7 +132,7 @@ def _char_cnn_trimmed(params: dict, config: ElmoConfig, ids_NC: jax.Array, dtype
     """:func:`_char_cnn` on the first :data:`TRIMMED_CHARS` chars when that changes nothing."""
     n_chars = ids_NC.shape[-1]
     widest = max(width for width, _ in config.char_cnn.filters)
-    if n_chars <= TRIMMED_CHARS:
+    if n_chars <= TRIMMED_CHARS or widest >= TRIMMED_CHARS:
         return _char_cnn(params, config, ids_NC, dtype, conv_fn)
     pos_C = jnp.arange(1, n_chars + 1)
     run_start = jnp.max(jnp.where(ids_NC != ids_NC[:, -1:], pos_C, 0))  # over all tokens
