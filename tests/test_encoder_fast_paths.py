@@ -153,3 +153,13 @@ def test_filters_wider_than_the_trimmed_chars_use_all_chars(monkeypatch):
     assert out.shape == (2, 3, cfg.projection_dim) and bool(jnp.all(jnp.isfinite(out)))
     monkeypatch.setattr(encoder, "TRIMMED_CHARS", 10**9)
     assert _rel(out, jax.jit(lambda p, i: encode_tokens(p, cfg, i))(params, ids)) <= 1e-6
+
+
+@pytest.mark.parametrize("shape", [(0, 3), (2, 0)])
+def test_empty_batches_encode_and_embed_to_empty_arrays(shape):
+    """No sentences, or sentences with no tokens: empty outputs, as before the fast paths."""
+    params = init_params(jax.random.key(7), TINY)
+    ids = jnp.zeros(shape + (TINY.char_cnn.max_characters_per_token,), jnp.int32)
+    assert encode_tokens(params, TINY, ids).shape == shape + (TINY.projection_dim,)
+    layers, _ = bilm(params, TINY, ids)
+    assert layers.shape == (TINY.lstm.n_layers + 1,) + shape + (2 * TINY.projection_dim,)

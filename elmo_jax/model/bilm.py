@@ -113,7 +113,7 @@ def bilm(
     n_batch, n_time, n_chars = char_ids_BTC.shape
     ids_NC = jnp.concatenate([char_ids_BTC.reshape(-1, n_chars), marker_char_ids(n_chars)])
     e_NP = encode_tokens(params, config, ids_NC, dtype=dtype)
-    e_BTP = e_NP[:-2].reshape(n_batch, n_time, -1)
+    e_BTP = e_NP[:-2].reshape(n_batch, n_time, e_NP.shape[-1])
     return bilm_from_token_vectors(params, config, e_BTP, lengths_B, state, dtype=dtype,
                                    markers=(e_NP[-2], e_NP[-1]))
 

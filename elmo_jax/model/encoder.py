@@ -135,7 +135,7 @@ def _char_cnn_trimmed(params: dict, config: ElmoConfig, ids_NC: jax.Array, dtype
     if n_chars <= TRIMMED_CHARS or widest >= TRIMMED_CHARS:
         return _char_cnn(params, config, ids_NC, dtype, conv_fn)
     pos_C = jnp.arange(1, n_chars + 1)
-    run_start = jnp.max(jnp.where(ids_NC != ids_NC[:, -1:], pos_C, 0))  # over all tokens
+    run_start = jnp.max(jnp.where(ids_NC != ids_NC[:, -1:], pos_C, 0), initial=0)  # over all tokens
     return jax.lax.cond(run_start + widest <= TRIMMED_CHARS,
                         lambda ids: _char_cnn(params, config, ids[:, :TRIMMED_CHARS], dtype, conv_fn),
                         lambda ids: _char_cnn(params, config, ids, dtype, conv_fn),
