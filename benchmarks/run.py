@@ -99,8 +99,12 @@ def uptime() -> str:
         return "load average: " + ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def make_sentences(path: str, lengths, seed: int = 0) -> None:
-    """Random lowercase words (2-9 letters); 64 sentences of each benchmark length."""
+def make_sentences(path: str, lengths, n_sentences: int = 64, seed: int = 0) -> None:
+    """Random lowercase words (2-9 letters); ``n_sentences`` sentences of each benchmark length.
+
+    The first 64 of each length are the same whatever ``n_sentences`` is (the peer and
+    earlier runs measured those).
+    """
     rng = np.random.default_rng(seed)
     letters = list("abcdefghijklmnopqrstuvwxyz")
     words = ["".join(rng.choice(letters, rng.integers(2, 10))) for _ in range(5000)]
@@ -108,6 +112,10 @@ def make_sentences(path: str, lengths, seed: int = 0) -> None:
                  for n in sorted(set(lengths))}
     agreement = [[words[i] for i in rng.integers(0, len(words), n)] for n in (1, 7, 20, 13, 33, 2)]
     agreement.append("The bank raised interest rates , so she went to the river bank .".split())
+    more = np.random.default_rng(seed + 1)  # a separate stream: the sentences above stay as they were
+    for n, sents in by_length.items():
+        sents.extend([words[i] for i in more.integers(0, len(words), int(n))]
+                     for _ in range(n_sentences - len(sents)))
     with open(path, "w") as f:
         json.dump({"words": words, "by_length": by_length, "agreement": agreement}, f)
 
@@ -159,13 +167,16 @@ class Suite:
         r["command"] = " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
         r["machine"] = machine_info()
         r["git"] = git_describe()
-        make_sentences(self.sentences, [n for _, n in self.shapes] + [20])
+        make_sentences(self.sentences, [n for _, n in self.shapes] + [20],
+                       n_sentences=max([64] + [b for b, _ in self.shapes]))
         r["uptime_start"] = uptime()
         info = self.ours("info")
         if "error" in info:
             raise SystemExit(f"elmo_jax worker failed: {info['error']}")
         r["device"] = info
         log(f"device: {info['platform']} / {info['device_kind']} x{info['n_devices']}; {r['uptime_start']}")
+        if self.highest_shapes is None:
+            self.highest_shapes = self.bf16_shapes if info["platform"] != "cpu" else []
         # The peer.
         self.peer_env = a.peer_env
         self.peer_ok, self.peer_device = False, "cpu"
@@ -210,8 +221,15 @@ class Suite:
         if "gb_per_s" in bw:
             log(f"  weight-streaming bandwidth (1-row x @ W, W 512 MiB f32): {bw['gb_per_s']:.1f} GB/s")
 
+    def save_partial(self) -> None:
+        """Write what is measured so far (``OUT.partial``), so a run cut short keeps its rows."""
+        tmp = self.args.out + ".partial.tmp"
+        with open(tmp, "w") as f:
+            json.dump(self.results, f, indent=1)
+        os.replace(tmp, self.args.out + ".partial")
+
     def embed(self) -> None:
-        rows = []
+        rows = self.results["embed"] = []
         shapes = self.shapes
         peak = self.results["matmul"]["gflops"] * 1e9
         for preset in self.presets:
@@ -244,6 +262,20 @@ class Suite:
                             r16["ratio"] = b16["tokens_per_s"] / row["peer"]["tokens_per_s"]
                     rows.append(r16)
                     log("  bf16 " + self._embed_line(r16))
+                if (batch, length) in self.highest_shapes:
+                    # On NVIDIA GPUs a float32 matmul at the default precision runs in TF32;
+                    # this row is full float32 (what the CPU computes anyway).
+                    hi = self.ours("embed", "--mode", "bilm", "--precision", "highest", *common, *shape,
+                                   *self.reps)
+                    rhi = {"preset": preset, "batch": batch, "length": length, "tokens": batch * length,
+                           "dtype": "f32hi", "ours": hi}
+                    if "tokens_per_s" in hi:
+                        rhi["gflops"] = hi["tokens_per_s"] * fpt / 1e9
+                        rhi["util"] = hi["tokens_per_s"] * fpt / peak
+                        rhi["speedup_vs_f32"] = hi["tokens_per_s"] / b["tokens_per_s"] if "tokens_per_s" in b else None
+                    rows.append(rhi)
+                    log("  f32 highest " + self._embed_line(rhi))
+                self.save_partial()
             if not self.args.no_parts:
                 p = self.ours("parts", *common, "--batch", "16", "--length", "20", *self.reps)
                 self.results.setdefault("parts", {})[preset] = p
@@ -252,6 +284,8 @@ class Suite:
                         f"LSTMs {p['lstm_median_s']*1e3:.0f} ms")
             if self.peer_ok:
                 self.agree(preset)
+            if self.results["device"]["platform"] != "cpu":
+                self.agree_device(preset)
         self.results["embed"] = rows
 
     def _ours_and_peer(self, row: dict, common: list, shape: list) -> dict:
@@ -310,8 +344,38 @@ class Suite:
         self.results.setdefault("agreement", {})[preset] = res
         log(f"  agreement with the peer ({preset}): {res}")
 
+    def agree_device(self, preset: str) -> None:
+        """The accelerator's embeddings against this package's own on the host CPU.
+
+        Same weights and sentences; at the default matmul precision and at 'highest'.  The
+        CPU computes float32 matmuls in full float32, so the first difference is what the
+        device's default (TF32 on NVIDIA GPUs, bf16 passes on TPUs) costs.
+        """
+        common = ["--model-dir", self.model_dir(preset), "--sentences", self.sentences]
+        paths = {k: os.path.join(self.tmp, f"agree_{k}_{preset}.npz") for k in ("cpu", "default", "highest")}
+        env = dict(os.environ, JAX_PLATFORMS="cpu")
+        got = {"cpu": run_json([self.py, "-W", "ignore", self.worker, "agree", *common, "--out", paths["cpu"]],
+                               env=env)}
+        for k in ("default", "highest"):
+            got[k] = self.ours("agree", *common, "--precision", k, "--out", paths[k])
+        res: dict = {}
+        if any("error" in g for g in got.values()):
+            res["error"] = next(g["error"] for g in got.values() if "error" in g)
+        else:
+            ref = np.load(paths["cpu"])
+            scale = max(float(np.max(np.abs(ref[k]))) for k in ref.files)
+            for k in ("default", "highest"):
+                x = np.load(paths[k])
+                diff = np.array([[float(np.max(np.abs(x[s][l] - ref[s][l]))) for l in range(ref[s].shape[0])]
+                                 for s in ref.files])
+                res[k] = {"max_abs_diff_per_layer": diff.max(axis=0).tolist(),
+                          "max_rel_diff": float(diff.max()) / scale}
+            res["max_abs_value"] = scale
+        self.results.setdefault("agreement_device_vs_cpu", {})[preset] = res
+        log(f"  {self.results['device']['platform']} vs CPU ({preset}): {res}")
+
     def train(self) -> None:
-        rows = []
+        rows = self.results["train"] = []
         peak = self.results["matmul"]["gflops"] * 1e9
         b, t = (16, 20) if self.args.quick else (self.args.train_batch, 20)
         steps = "2" if self.args.quick else "3"
@@ -338,10 +402,11 @@ class Suite:
                 else:
                     log(f"  failed: {r.get('error', '')[-500:]}")
                 rows.append(r)
+                self.save_partial()
         self.results["train"] = rows
 
     def memory(self) -> None:
-        rows = []
+        rows = self.results["memory"] = []
         preset, remat = self.args.memory_preset, self.args.memory_remat
         for length in self.memory_lengths:
             for k in (0, remat):
@@ -354,6 +419,7 @@ class Suite:
                 else:
                     log(f"  step buffers {r.get('temp_mb', float('nan')):.0f} MiB, compile {r['compile_s']:.1f} s")
                 rows.append(r)
+                self.save_partial()
         self.results["memory"] = rows
 
     # -- report ------------------------------------------------------------------------
@@ -467,6 +533,23 @@ class Suite:
                     f"({n_pos * b['lstm_total'] / p['lstm_median_s'] / 1e9:6.1f} GFLOP/s), "
                     f"sum {1e3 * (p['encoder_median_s'] + p['lstm_median_s']):7.1f} ms vs whole bilm "
                     + (f"{full * 1e3:7.1f} ms" if full else "-"))
+        hi = [row for row in r.get("embed", []) if row.get("dtype") == "f32hi" and "tokens_per_s" in row["ours"]]
+        if hi:
+            lines.append("")
+            lines.append("Full float32 matmuls (precision 'highest') against the default precision, same input:")
+            for row in hi:
+                lines.append(f"  {row['preset']:9s} {row['batch']:4d}x{row['length']:<3d} "
+                             f"{row['ours']['tokens_per_s']:10.0f} tok/s, speed x{row['speedup_vs_f32']:.2f}")
+        if r.get("agreement_device_vs_cpu"):
+            lines.append("")
+            lines.append(f"{d['platform']} against this package on the host CPU (same weights and sentences, "
+                         "all 3 layers; max |device - cpu| / max |cpu|):")
+            for preset, a in r["agreement_device_vs_cpu"].items():
+                if "error" in a:
+                    lines.append(f"  {preset}: FAILED {a['error'][-300:]}")
+                else:
+                    lines.append(f"  {preset:9s} default precision {a['default']['max_rel_diff']:.1e}, "
+                                 f"highest {a['highest']['max_rel_diff']:.1e} (max |value| {a['max_abs_value']:.2f})")
         if r.get("agreement"):
             lines.append("")
             lines.append("Agreement with the peer (same weights, zero state, all 3 layers, markers removed):")
@@ -514,13 +597,16 @@ class Suite:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small preset only, fewer repetitions (a few minutes)")
-    p.add_argument("--presets", help="embedding presets (default: small,medium,original; --quick: small)")
+    p.add_argument("--presets", help="embedding presets (default: small,medium,original; --quick: small; 'none' to skip)")
     p.add_argument("--train-presets", help="training presets (default: small,original; --quick: small; "
                                            "'none' to skip)")
     p.add_argument("--train-batch", type=int, default=128,
                    help="training batch rows per step (unroll is 20); 128 is the recipe's per-GPU batch")
     p.add_argument("--bf16-shapes", default="64x20,1x20",
                    help="embedding shapes also measured with bfloat16 compute ('none' to skip)")
+    p.add_argument("--highest-shapes", default="auto",
+                   help="embedding shapes also measured with full-float32 matmuls (precision 'highest'; "
+                        "'auto': the --bf16-shapes on an accelerator, none on CPU, where it is the default)")
     p.add_argument("--no-bf16-train", action="store_true", help="skip the bfloat16 training rows")
     p.add_argument("--memory-preset", default="small", help="preset of the memory-vs-length rows")
     p.add_argument("--memory-lengths", default="20,80,320,1280",
@@ -536,7 +622,7 @@ def main() -> None:
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--no-e2e", action="store_true", help="skip the Elmo.embed end-to-end column")
     p.add_argument("--no-parts", action="store_true", help="skip timing encoder and LSTMs separately")
-    p.add_argument("--shapes", help="embedding shapes as BATCHxLENGTH,... (batch <= 64; "
+    p.add_argument("--shapes", help="embedding shapes as BATCHxLENGTH,... ("
                                     "default: 16x20,16x60,64x20,64x60,1x20)")
     p.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (weights, sentences)")
     p.add_argument("--out", default="benchmark_results.json")
@@ -545,22 +631,27 @@ def main() -> None:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
 
     suite = Suite(args)
-    suite.presets = (args.presets or ("small" if args.quick else "small,medium,original")).split(",")
+    ep = args.presets or ("small" if args.quick else "small,medium,original")
+    suite.presets = [] if ep == "none" else ep.split(",")
     tp = args.train_presets or ("small" if args.quick else "small,original")
     suite.train_presets = [] if tp == "none" else tp.split(",")
     suite.shapes = ([tuple(int(v) for v in x.split("x")) for x in args.shapes.split(",")]
                     if args.shapes else EMBED_SHAPES)
     parse = lambda v: [] if v == "none" else [tuple(int(u) for u in x.split("x")) for x in v.split(",")]  # noqa: E731
     suite.bf16_shapes = parse(args.bf16_shapes)
+    suite.highest_shapes = None if args.highest_shapes == "auto" else parse(args.highest_shapes)
     suite.memory_lengths = [] if args.memory_lengths == "none" or args.quick else [
         int(x) for x in args.memory_lengths.split(",")]
     # Fail now, not after half an hour of measuring: the output folder is created and the
     # file opened for writing before anything runs.
     out_dir = os.path.dirname(os.path.abspath(args.out))
     os.makedirs(out_dir, exist_ok=True)
+    existed = os.path.exists(args.out)
     try:
         with open(args.out, "a"):
             pass
+        if not existed:  # no empty results file left behind if the run stops early
+            os.remove(args.out)
     except OSError as e:
         raise SystemExit(f"cannot write the results file {args.out}: {e}; pass a writable --out path")
     t0 = time.perf_counter()
@@ -585,6 +676,8 @@ def main() -> None:
     with open(tmp, "w") as f:
         json.dump(suite.results, f, indent=1)
     os.replace(tmp, args.out)
+    if os.path.exists(args.out + ".partial"):
+        os.remove(args.out + ".partial")
     print(f"\nwall time {suite.results['wall_s']:.0f} s; results written to {args.out}")
 
 

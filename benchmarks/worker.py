@@ -139,7 +139,8 @@ def task_embed(args) -> dict:
         dtype = _dtype(args.dtype)
         fn = jax.jit(functools.partial(bilm, dtype=dtype), static_argnums=1)
         t0 = time.perf_counter()
-        lowered = fn.lower(elmo.params, cfg, ids, None, lengths)
+        with jax.default_matmul_precision(args.precision):  # fixed at trace time
+            lowered = fn.lower(elmo.params, cfg, ids, None, lengths)
         t1 = time.perf_counter()
         compiled = lowered.compile()
         t2 = time.perf_counter()
@@ -151,7 +152,8 @@ def task_embed(args) -> dict:
         t3 = time.perf_counter()
         call()  # first execution (allocations, thread pool warm-up)
         first = time.perf_counter() - t3
-        out.update(lower_s=t1 - t0, compile_s=t2 - t1, first_call_s=first, dtype=args.dtype)
+        out.update(lower_s=t1 - t0, compile_s=t2 - t1, first_call_s=first, dtype=args.dtype,
+                   precision=args.precision)
         if dtype != jnp.float32:  # accuracy cost against float32 on the same input
             ref = np.asarray(jax.jit(bilm, static_argnums=1)(elmo.params, cfg, ids, None, lengths)[0])
             low = np.asarray(compiled(elmo.params, ids, None, lengths)[0])
@@ -275,15 +277,19 @@ def task_agree(args) -> dict:
     with open(args.sentences) as f:
         sents = json.load(f)["agreement"]
     elmo = _load_elmo(args.model_dir, 64)
-    outs = elmo.embed(sents)
+    with jax.default_matmul_precision(args.precision):
+        outs = elmo.embed(sents)
     np.savez(args.out, **{str(i): o for i, o in enumerate(outs)})
-    return {"n": len(outs), "out": args.out}
+    return {"n": len(outs), "out": args.out, "precision": args.precision, **device_info()}
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("task", choices=["info", "save", "matmul", "membw", "embed", "parts", "train", "agree"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--precision", default="default", choices=["default", "highest"],
+                   help="embed/agree: jax.default_matmul_precision while tracing (on NVIDIA GPUs the "
+                        "default computes float32 matmuls with TF32; 'highest' is full float32)")
     p.add_argument("--remat", type=int, default=0, help="train: remat_steps (0 = keep all activations)")
     p.add_argument("--compile-only", action="store_true", help="train: compile and report memory, do not run")
     p.add_argument("--preset")
