@@ -60,7 +60,7 @@ import numpy as np
 from elmo_jax import chars
 from elmo_jax.config import ConfigError, ElmoConfig
 from elmo_jax.errors import ElmoError
-from elmo_jax.model.bilm import bilm, bilm_from_token_vectors, init_params
+from elmo_jax.model.bilm import bilm, bilm_from_token_vectors, init_params, marker_vectors
 from elmo_jax.model.encoder import encode_tokens
 from elmo_jax.model.heads import scalar_mix
 from elmo_jax.model.lstm import zero_state
@@ -141,6 +141,8 @@ class Elmo:
         self._forward_vectors = jax.jit(functools.partial(bilm_from_token_vectors, dtype=self.dtype),
                                         static_argnums=1)
         self._encode = jax.jit(functools.partial(encode_tokens, dtype=self.dtype), static_argnums=1)
+        self._encode_markers = jax.jit(functools.partial(marker_vectors, dtype=self.dtype), static_argnums=1)
+        self._markers: tuple[tuple, tuple[jax.Array, jax.Array]] | None = None
         self._cache_words: list[str] | None = None
         self._cache_index: dict[str, int] = {}
         self._cache_vectors: np.ndarray | None = None
@@ -366,6 +368,17 @@ class Elmo:
             return jnp.mean(layers_LBTD, axis=0)
         return scalar_mix(mix_params, layers_LBTD)
 
+    def _marker_vectors(self) -> tuple[jax.Array, jax.Array]:
+        """The ``<S>`` / ``</S>`` vectors, encoded once per parameters (and matmul precision),
+        not with every batch: one `small` sentence took 8.5 ms with them in the encoder
+        pass, 7.9 ms without (2-core benchmark machine)."""
+        leaves = jax.tree.leaves(self.params)
+        key = (jax.default_matmul_precision.value, leaves)
+        if (self._markers is None or self._markers[0][0] != key[0] or len(self._markers[0][1]) != len(leaves)
+                or any(a is not b for a, b in zip(self._markers[0][1], leaves))):
+            self._markers = (key, self._encode_markers(self.params, self.config))
+        return self._markers[1]
+
     def _run_group(self, token_lists: list[list[str]], stateful: bool, batch_size: int) -> jax.Array:
         n_rows = row_bucket(len(token_lists), batch_size) if not stateful else batch_size
         n_time = time_bucket(max(len(t) for t in token_lists))
@@ -379,14 +392,16 @@ class Elmo:
         if self._cache_vectors is not None:
             e = self._token_vectors(token_lists, n_rows, n_time)
             self.compiled_cache_shapes.add(("lstm", n_rows, n_time))
-            layers, new_state = self._forward_vectors(self.params, self.config, e, jnp.asarray(lengths), state)
+            layers, new_state = self._forward_vectors(self.params, self.config, e, jnp.asarray(lengths), state,
+                                                      markers=self._marker_vectors())
         else:
             ids = np.zeros((n_rows, n_time, self.config.char_cnn.max_characters_per_token), np.int32)
             ids[: len(token_lists)] = chars.batch_to_ids(
                 token_lists, self.config.char_cnn.max_characters_per_token, max_length=n_time
             )
             self.compiled_shapes.add((n_rows, n_time))
-            layers, new_state = self._forward(self.params, self.config, ids, state, lengths)
+            layers, new_state = self._forward(self.params, self.config, ids, state, lengths,
+                                              markers=self._marker_vectors())
         if stateful:
             self._state = jax.tree.map(
                 lambda old, new: old.at[:, :, :n_rows].set(new), self._state, new_state

@@ -192,6 +192,21 @@ def test_embed_equals_batch_to_ids_forward():
     np.testing.assert_allclose(elmo.embed([["p", "q", "r"]])[0], np.asarray(layers[:, 0]), atol=1e-6)
 
 
+def test_marker_vectors_are_encoded_once_and_follow_new_parameters():
+    elmo = Elmo.random("tiny", seed=0, batch_size=4)
+    other = Elmo.random("tiny", seed=1, batch_size=4)
+    sents = ["the bank of the river", "a b"]
+    first = elmo.embed(sents)
+    markers = elmo._markers
+    elmo.embed(["more text"])
+    assert elmo._markers is markers  # not re-encoded for the next call
+    # New parameters: the cached <S> / </S> must not leak into their outputs.
+    elmo.params = other.params
+    for a, b in zip(elmo.embed(sents), other.embed(sents)):
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    assert not np.allclose(first[0], elmo.embed(sents)[0], atol=1e-3)
+
+
 def test_bfloat16_option_stays_within_tolerance_of_float32(tiny):
     """``dtype="bfloat16"``: bf16 matmul operands, float32 outputs within 2e-2 (relative to
     the largest value) of the float32 model with the same weights, on every path."""

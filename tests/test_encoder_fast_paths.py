@@ -16,7 +16,7 @@ import pytest
 
 from elmo_jax import ElmoConfig, batch_to_ids
 from elmo_jax.model import encoder
-from elmo_jax.model.bilm import bilm, bilm_from_token_vectors, init_params
+from elmo_jax.model.bilm import bilm, bilm_from_token_vectors, init_params, marker_vectors
 from elmo_jax.model.encoder import encode_tokens
 from elmo_jax.weights import load_weights
 
@@ -100,6 +100,22 @@ def test_markers_in_the_sentence_pass_equal_markers_encoded_alone(bilm_fixtures)
     one_pass, _ = jax.jit(bilm, static_argnums=1)(params, cfg, ids, None, lengths)
     separate, _ = bilm_from_token_vectors(params, cfg, encode_tokens(params, cfg, ids), lengths)
     assert _rel(one_pass, separate) <= 1e-6
+
+
+def test_precomputed_markers_equal_markers_in_the_pass(bilm_fixtures):
+    """What Elmo.embed does: <S> / </S> encoded once, then passed to every bilm call."""
+    cfg, params = _fixture_model(bilm_fixtures)
+    ids = _ids(3, 5, cfg.char_cnn.max_characters_per_token, seed=5)
+    lengths = jnp.sum(jnp.any(ids > 0, axis=-1), axis=-1)
+    fn = jax.jit(bilm, static_argnums=1)
+    in_pass, state_a = fn(params, cfg, ids, None, lengths)
+    given, state_b = fn(params, cfg, ids, None, lengths, markers=marker_vectors(params, cfg))
+    assert _rel(in_pass, given) <= 1e-6
+    assert _rel(state_a["h"], state_b["h"]) <= 1e-6
+    # The markers are used: other marker vectors give other outputs.
+    bos, eos = marker_vectors(params, cfg)
+    other, _ = fn(params, cfg, ids, None, lengths, markers=(eos, bos))
+    assert _rel(in_pass, other) > 1e-3
 
 
 @pytest.mark.parametrize("source", ["random", "fixture"])

@@ -94,6 +94,7 @@ def bilm(
     state: dict | None = None,
     lengths_B: jax.Array | None = None,
     dtype=jnp.float32,
+    markers: tuple[jax.Array, jax.Array] | None = None,
 ) -> tuple[jax.Array, dict]:
     """ELMo layers ``[L+1, B, T, 2P]`` and the final LSTM state for a batch of sentences.
 
@@ -105,17 +106,23 @@ def bilm(
     through).  Positions past a sentence's end are zero in every layer.
 
     This is :func:`bilm_from_token_vectors` applied to the char CNN's token vectors.
+    ``markers``: the ``<S>`` / ``</S>`` vectors from :func:`marker_vectors`, for callers
+    that embed many batches with the same parameters (they depend on nothing else); by
+    default they are encoded here.
     """
     if lengths_B is None:
         lengths_B = sentence_lengths(char_ids_BTC)
-    # The markers ride along in the same encoder pass: one read of its weights, not two
-    # (for a single sentence that second pass was ~10 % of the time).
     n_batch, n_time, n_chars = char_ids_BTC.shape
-    ids_NC = jnp.concatenate([char_ids_BTC.reshape(-1, n_chars), marker_char_ids(n_chars)])
+    ids_NC = char_ids_BTC.reshape(-1, n_chars)
+    if markers is None:
+        # The markers ride along in the same encoder pass: one read of its weights, not two
+        # (for a single sentence that second pass was ~10 % of the time).
+        ids_NC = jnp.concatenate([ids_NC, marker_char_ids(n_chars)])
     e_NP = encode_tokens(params, config, ids_NC, dtype=dtype)
-    e_BTP = e_NP[:-2].reshape(n_batch, n_time, e_NP.shape[-1])
-    return bilm_from_token_vectors(params, config, e_BTP, lengths_B, state, dtype=dtype,
-                                   markers=(e_NP[-2], e_NP[-1]))
+    if markers is None:
+        e_NP, markers = e_NP[:-2], (e_NP[-2], e_NP[-1])
+    e_BTP = e_NP.reshape(n_batch, n_time, e_NP.shape[-1])
+    return bilm_from_token_vectors(params, config, e_BTP, lengths_B, state, dtype=dtype, markers=markers)
 
 
 def bilm_from_token_vectors(
