@@ -207,6 +207,32 @@ def test_marker_vectors_are_encoded_once_and_follow_new_parameters():
     assert not np.allclose(first[0], elmo.embed(sents)[0], atol=1e-3)
 
 
+def test_matmul_precision_switch_reaches_every_matmul_of_embed(tiny):
+    """README: on GPU/TPU, `with jax.default_matmul_precision("highest")` makes embed full
+    float32.  Only the plumbing can be checked on a CPU: every dot and convolution of the
+    executable embed compiles under the switch carries that precision."""
+    import jax
+
+    sents = [["the", "bank"], ["of", "the", "river"]]
+    before = tiny._forward._cache_size()
+    default = tiny.embed(sents)
+    with jax.default_matmul_precision("highest"):
+        highest = tiny.embed(sents)
+    assert tiny._forward._cache_size() >= before + 1  # traced again, not reused
+    for a, b in zip(default, highest):  # the CPU computes full float32 either way
+        np.testing.assert_allclose(a, b, atol=1e-6)
+    ids = np.zeros((2, 4, tiny.config.char_cnn.max_characters_per_token), np.int32)
+    ids[:] = batch_to_ids([["the", "bank", "of", "x"]] * 2)
+    lengths = np.array([4, 3], np.int32)
+    markers = tiny._marker_vectors()
+    for precision, expected in ((None, False), ("highest", True)):
+        with jax.default_matmul_precision(precision):
+            text = tiny._forward.lower(tiny.params, tiny.config, ids, None, lengths, markers=markers).as_text()
+        ops = [line for line in text.splitlines() if "stablehlo.dot_general" in line or "stablehlo.convolution" in line]
+        assert any("convolution" in op for op in ops) and any("dot_general" in op for op in ops)
+        assert sum("HIGHEST" in op for op in ops) == expected * len(ops)
+
+
 def test_bfloat16_option_stays_within_tolerance_of_float32(tiny):
     """``dtype="bfloat16"``: bf16 matmul operands, float32 outputs within 2e-2 (relative to
     the largest value) of the float32 model with the same weights, on every path."""
