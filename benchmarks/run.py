@@ -249,32 +249,25 @@ class Suite:
                     row["util"] = b["tokens_per_s"] * fpt / peak
                 rows.append(row)
                 log("  " + self._embed_line(row))
+                variants = []
                 if (batch, length) in self.bf16_shapes:
-                    b16 = self.ours("embed", "--mode", "bilm", "--dtype", "bfloat16", *common, *shape,
-                                    *self.reps)
-                    r16 = {"preset": preset, "batch": batch, "length": length, "tokens": batch * length,
-                           "dtype": "bfloat16", "ours": b16}
-                    if "tokens_per_s" in b16:
-                        r16["gflops"] = b16["tokens_per_s"] * fpt / 1e9
-                        r16["util"] = b16["tokens_per_s"] * fpt / peak
-                        r16["speedup_vs_f32"] = b16["tokens_per_s"] / b["tokens_per_s"] if "tokens_per_s" in b else None
-                        if "tokens_per_s" in row.get("peer", {}):
-                            r16["ratio"] = b16["tokens_per_s"] / row["peer"]["tokens_per_s"]
-                    rows.append(r16)
-                    log("  bf16 " + self._embed_line(r16))
+                    variants.append(("bfloat16", "bf16", ["--dtype", "bfloat16"]))
                 if (batch, length) in self.highest_shapes:
                     # On NVIDIA GPUs a float32 matmul at the default precision runs in TF32;
                     # this row is full float32 (what the CPU computes anyway).
-                    hi = self.ours("embed", "--mode", "bilm", "--precision", "highest", *common, *shape,
-                                   *self.reps)
-                    rhi = {"preset": preset, "batch": batch, "length": length, "tokens": batch * length,
-                           "dtype": "f32hi", "ours": hi}
-                    if "tokens_per_s" in hi:
-                        rhi["gflops"] = hi["tokens_per_s"] * fpt / 1e9
-                        rhi["util"] = hi["tokens_per_s"] * fpt / peak
-                        rhi["speedup_vs_f32"] = hi["tokens_per_s"] / b["tokens_per_s"] if "tokens_per_s" in b else None
-                    rows.append(rhi)
-                    log("  f32 highest " + self._embed_line(rhi))
+                    variants.append(("f32hi", "f32 highest", ["--precision", "highest"]))
+                for label, name, flags in variants:
+                    v = self.ours("embed", "--mode", "bilm", *flags, *common, *shape, *self.reps)
+                    rv = {"preset": preset, "batch": batch, "length": length, "tokens": batch * length,
+                          "dtype": label, "ours": v}
+                    if "tokens_per_s" in v:
+                        rv["gflops"] = v["tokens_per_s"] * fpt / 1e9
+                        rv["util"] = v["tokens_per_s"] * fpt / peak
+                        rv["speedup_vs_f32"] = v["tokens_per_s"] / b["tokens_per_s"] if "tokens_per_s" in b else None
+                        if "tokens_per_s" in row.get("peer", {}):
+                            rv["ratio"] = v["tokens_per_s"] / row["peer"]["tokens_per_s"]
+                    rows.append(rv)
+                    log(f"  {name} " + self._embed_line(rv))
                 self.save_partial()
             if not self.args.no_parts:
                 p = self.ours("parts", *common, "--batch", "16", "--length", "20", *self.reps)
