@@ -37,7 +37,7 @@ sys.path.insert(0, HERE)
 import numpy as np  # noqa: E402
 
 import flops  # noqa: E402
-from elmo_jax.config import ElmoConfig  # noqa: E402  (pure Python, no jax)
+from elmo_jax.config import ConfigError, ElmoConfig  # noqa: E402  (pure Python, no jax)
 
 EMBED_SHAPES = [(16, 20), (16, 60), (64, 20), (64, 60), (1, 20)]  # (batch, sentence length)
 SUBPROCESS_TIMEOUT_S = 1200
@@ -628,11 +628,29 @@ def main() -> None:
     suite.presets = [] if ep == "none" else ep.split(",")
     tp = args.train_presets or ("small" if args.quick else "small,original")
     suite.train_presets = [] if tp == "none" else tp.split(",")
-    suite.shapes = ([tuple(int(v) for v in x.split("x")) for x in args.shapes.split(",")]
-                    if args.shapes else EMBED_SHAPES)
-    parse = lambda v: [] if v == "none" else [tuple(int(u) for u in x.split("x")) for x in v.split(",")]  # noqa: E731
-    suite.bf16_shapes = parse(args.bf16_shapes)
-    suite.highest_shapes = None if args.highest_shapes == "auto" else parse(args.highest_shapes)
+    def parse_shapes(option: str, value: str) -> list[tuple[int, int]]:
+        if value == "none":
+            return []
+        shapes = []
+        for item in value.split(","):
+            parts = item.strip().split("x")
+            if len(parts) != 2 or not all(u.isdigit() and int(u) > 0 for u in parts):
+                p.error(f"{option}: {item!r} is not BATCHxLENGTH with two positive integers (e.g. 64x20), "
+                        f"or 'none'")
+            shapes.append((int(parts[0]), int(parts[1])))
+        return shapes
+
+    for name in {*suite.presets, *suite.train_presets, args.memory_preset}:
+        try:
+            ElmoConfig.preset(name)
+        except ConfigError as e:
+            p.error(str(e))
+    suite.shapes = parse_shapes("--shapes", args.shapes) if args.shapes else EMBED_SHAPES
+    if not suite.shapes and suite.presets:
+        p.error("--shapes none leaves the embedding presets nothing to measure; pass --presets none instead")
+    suite.bf16_shapes = parse_shapes("--bf16-shapes", args.bf16_shapes)
+    suite.highest_shapes = None if args.highest_shapes == "auto" else parse_shapes("--highest-shapes",
+                                                                                   args.highest_shapes)
     suite.memory_lengths = [] if args.memory_lengths == "none" or args.quick else [
         int(x) for x in args.memory_lengths.split(",")]
     # Fail now, not after half an hour of measuring: the output folder is created and the
