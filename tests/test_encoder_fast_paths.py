@@ -1,8 +1,9 @@
 """Speed rearrangements of the encoder leave its numbers alone (issue 7).
 
 On the CPU the char CNN runs in chunks of ``CNN_CHUNK_TOKENS`` tokens (a loop, with the
-hand-written convolution gradient); the convolutions see only the first ``TRIMMED_CHARS``
-chars when every token of a pass is short; and :func:`bilm` encodes ``<S>``/``</S>`` in
+hand-written convolution gradient) after sorting the tokens by length; the convolutions
+see only the first ``n`` chars (``n`` one of ``TRIM_LEVELS``) when every token of a pass
+(chunk) is short enough; and :func:`bilm` encodes ``<S>``/``</S>`` in
 the same pass as the sentences.  The unoptimised paths are one convolution pass over all
 tokens and all chars (chunking and trimming switched off) and the markers encoded alone.
 """
@@ -54,7 +55,7 @@ def _chunked_and_whole(monkeypatch, fn, chunk):
 def _trimmed_and_full(monkeypatch, fn):
     """``fn()`` with the char trimming of the encoder on, then off (all 50 chars always)."""
     trimmed = fn()
-    monkeypatch.setattr(encoder, "TRIMMED_CHARS", 10**9)
+    monkeypatch.setattr(encoder, "TRIM_LEVELS", ())
     return trimmed, fn()
 
 
@@ -118,24 +119,31 @@ def test_precomputed_markers_equal_markers_in_the_pass(bilm_fixtures):
     assert _rel(in_pass, other) > 1e-3
 
 
+def _level_taken(cfg, ids):
+    """The number of chars the convolutions of one pass over ``ids`` see."""
+    widest = max(w for w, _ in cfg.char_cnn.filters)
+    need = int(jnp.max(encoder.chars_needed(ids.reshape(-1, ids.shape[-1]), widest)))
+    return min([n for n in encoder.TRIM_LEVELS if widest < n and need <= n] + [ids.shape[-1]])
+
+
 @pytest.mark.parametrize("source", ["random", "fixture"])
-@pytest.mark.parametrize("long_word", [False, True])
-def test_trimmed_chars_equal_all_chars(monkeypatch, request, source, long_word):
-    """Short words only (the trimmed convolutions run), and with one 30-byte word in the
-    batch (the full ones run); padding tokens (id 0 tails) in both."""
+@pytest.mark.parametrize("longest", [1, 6, 9, 13, 17, 30])
+def test_trimmed_chars_equal_all_chars(monkeypatch, request, source, longest):
+    """Short words with a longest word of each size, so that every level of TRIM_LEVELS
+    and the full width run (checked); padding tokens (id 0 tails) in all."""
     if source == "fixture":
         cfg, params = _fixture_model(request.getfixturevalue("bilm_fixtures"))
     else:
         cfg, params = TINY, init_params(jax.random.key(3), TINY)
     n_chars = cfg.char_cnn.max_characters_per_token
-    sents = [["a", "tiny", "batch"], ["of", "short", "words", "here"]]
-    if long_word:
-        sents[0][1] = "x" * 30
+    sents = [["a", "x" * longest, "b"], ["i", "a", "b", "c"]]
     ids = jnp.asarray(batch_to_ids(sents, n_chars))
-    run_start = int(jnp.max(jnp.where(ids != ids[..., -1:], jnp.arange(1, n_chars + 1), 0)))
     widest = max(w for w, _ in cfg.char_cnn.filters)
-    assert (run_start + widest <= encoder.TRIMMED_CHARS) != long_word  # both branches are exercised
-    trimmed, full = _trimmed_and_full(monkeypatch, lambda: jax.jit(lambda p, i: bilm(p, cfg, i)[0])(params, ids))
+    # A word of n bytes needs n + 2 (its begin/end chars) + widest chars.
+    expected = {4: {1: 12, 6: 12, 9: 16, 13: 20, 17: 24, 30: n_chars},   # tiny
+                5: {1: 12, 6: 16, 9: 16, 13: 20, 17: 24, 30: n_chars}}[widest]  # the bilm-tf fixture
+    assert _level_taken(cfg, ids) == expected[longest]
+    trimmed, full = _trimmed_and_full(monkeypatch, lambda: jax.jit(lambda p, i: encode_tokens(p, cfg, i))(params, ids))
     assert trimmed.shape == full.shape
     assert _rel(trimmed, full) <= 1e-5
 
@@ -147,6 +155,39 @@ def test_trimmed_chars_equal_all_chars(monkeypatch, request, source, long_word):
     g_trimmed, g_full = _trimmed_and_full(monkeypatch, grad)
     for a, b in zip(jax.tree.leaves(g_trimmed), jax.tree.leaves(g_full)):
         assert a.shape == b.shape and _rel(a, b) <= 1e-5
+
+
+@pytest.mark.parametrize("source", ["random", "fixture"])
+def test_length_sorted_chunks_equal_one_full_pass(monkeypatch, request, source):
+    """Many tokens of mixed lengths (1-40 bytes) in chunks of 4: sorted, every chunk cut to
+    its own level, put back in order; against one pass over all chars, values and gradients
+    (with the inference levels and with the training levels)."""
+    if source == "fixture":
+        cfg, params = _fixture_model(request.getfixturevalue("bilm_fixtures"))
+    else:
+        cfg, params = TINY, init_params(jax.random.key(8), TINY)
+    rng = np.random.default_rng(8)
+    sents = [["y" * int(n) for n in rng.choice([1, 2, 3, 5, 8, 11, 14, 18, 25, 40], size=int(k))]
+             for k in rng.integers(1, 9, size=6)]
+    ids = jnp.asarray(batch_to_ids(sents, cfg.char_cnn.max_characters_per_token))
+    w = jax.random.normal(jax.random.key(9), ids.shape[:-1] + (cfg.projection_dim,))
+    monkeypatch.setattr(encoder, "CNN_CHUNK_TOKENS", 4)
+    assert encoder.cnn_chunk_tokens(ids.shape[0] * ids.shape[1]) == (4 if jax.default_backend() == "cpu" else 0)
+
+    def run(levels):
+        enc = jax.jit(lambda p: encode_tokens(p, cfg, ids, trim_levels=levels))
+        grad = jax.jit(jax.grad(lambda p: jnp.sum(encode_tokens(p, cfg, ids, trim_levels=levels) * w)))
+        return enc(params), grad(params)
+
+    out, g = run(None)
+    out_train, g_train = run(encoder.GRAD_TRIM_LEVELS)
+    monkeypatch.setattr(encoder, "CNN_CHUNK_TOKENS", 10**9)
+    out_full, g_full = run(())
+    assert out.shape == out_full.shape == ids.shape[:-1] + (cfg.projection_dim,)
+    assert _rel(out, out_full) <= 1e-6 and _rel(out_train, out_full) <= 1e-6
+    assert any(float(jnp.max(jnp.abs(x))) > 0 for x in jax.tree.leaves(g_full))
+    for a, b, c in zip(jax.tree.leaves(g), jax.tree.leaves(g_train), jax.tree.leaves(g_full)):
+        assert a.shape == c.shape and _rel(a, c) <= 1e-5 and _rel(b, c) <= 1e-5
 
 
 def test_trimming_respects_any_tail_id(monkeypatch):
@@ -161,13 +202,13 @@ def test_trimming_respects_any_tail_id(monkeypatch):
 
 
 def test_filters_wider_than_the_trimmed_chars_use_all_chars(monkeypatch):
-    """A config whose widest filter does not fit in TRIMMED_CHARS never traces the trimmed path."""
+    """A config whose widest filter does not fit in any of TRIM_LEVELS never traces a trimmed path."""
     cfg = dataclasses.replace(TINY, char_cnn=dataclasses.replace(TINY.char_cnn, filters=((1, 4), (30, 8))))
     params = init_params(jax.random.key(6), cfg)
     ids = _ids(2, 3, cfg.char_cnn.max_characters_per_token)
     out = jax.jit(lambda p, i: encode_tokens(p, cfg, i))(params, ids)
     assert out.shape == (2, 3, cfg.projection_dim) and bool(jnp.all(jnp.isfinite(out)))
-    monkeypatch.setattr(encoder, "TRIMMED_CHARS", 10**9)
+    monkeypatch.setattr(encoder, "TRIM_LEVELS", ())
     assert _rel(out, jax.jit(lambda p, i: encode_tokens(p, cfg, i))(params, ids)) <= 1e-6
 
 

@@ -64,7 +64,7 @@ def init_encoder(key: jax.Array, config: ElmoConfig) -> dict:
 
 
 def encode_tokens(params: dict, config: ElmoConfig, char_ids: jax.Array, dtype=jnp.float32,
-                  in_loop: bool = False) -> jax.Array:
+                  in_loop: bool = False, trim_levels: tuple[int, ...] | None = None) -> jax.Array:
     """Token vectors ``[..., P]`` for char ids ``[..., C]`` (any leading shape).
 
     A token whose ids are all 0 (padding) gets a well-defined but meaningless vector;
@@ -74,17 +74,24 @@ def encode_tokens(params: dict, config: ElmoConfig, char_ids: jax.Array, dtype=j
 
     On the CPU the convolutions and their max-pool run over :data:`CNN_CHUNK_TOKENS` tokens
     at a time (see there); the highway layers and the projection always see all tokens.
+    ``trim_levels``: the char counts the convolutions may be cut to (default
+    :data:`TRIM_LEVELS`; differentiated passes use :data:`GRAD_TRIM_LEVELS`).
     """
+    levels = TRIM_LEVELS if trim_levels is None else trim_levels
     lead = char_ids.shape[:-1]
     ids_NC = char_ids.reshape(-1, char_ids.shape[-1])
     chunk = cnn_chunk_tokens(ids_NC.shape[0])
     if chunk:
-        # Chunks run in a loop, where only conv1d's own gradient is fast (see conv1d).
-        h_MKF = jax.lax.map(lambda ids_KC: _char_cnn_trimmed(params, config, ids_KC, dtype, conv1d),
-                            to_chunks(ids_NC, 0, chunk))
-        h_NF = from_chunks(h_MKF, 0, ids_NC.shape[0])
+        # Tokens sorted by the chars they need, so that each chunk is trimmed to its own
+        # longest word (TRIM_LEVELS); chunks run in a loop, where only conv1d's own
+        # gradient is fast (see conv1d).
+        widest = max(width for width, _ in config.char_cnn.filters)
+        order_N = jnp.argsort(chars_needed(ids_NC, widest))
+        h_MKF = jax.lax.map(lambda ids_KC: _char_cnn_trimmed(params, config, ids_KC, dtype, conv1d, levels),
+                            to_chunks(ids_NC[order_N], 0, chunk))
+        h_NF = _unsort_rows(from_chunks(h_MKF, 0, ids_NC.shape[0]), order_N)
     else:
-        h_NF = _char_cnn_trimmed(params, config, ids_NC, dtype, conv1d if in_loop else _conv)
+        h_NF = _char_cnn_trimmed(params, config, ids_NC, dtype, conv1d if in_loop else _conv, levels)
     for hw in params["highway"]:
         hd = h_NF.astype(dtype)
         carry = jax.nn.sigmoid(_dense(hd, hw["w_carry"], dtype) + hw["b_carry"])
@@ -114,32 +121,49 @@ def cnn_chunk_tokens(n_tokens: int) -> int:
     return CNN_CHUNK_TOKENS
 
 
-TRIMMED_CHARS = 24
-"""Char positions the convolutions see when every token of a pass is short enough.
+TRIM_LEVELS = (12, 16, 20, 24)
+"""Char positions the convolutions may be cut to when every token of a pass is short enough.
 
 A token's char ids end in a run of one repeated id (the padding char; 0 for a padding
 token), and every convolution window inside that run gives the same output, so the
 max-pool needs the positions up to the run's start plus one window inside it: the first
-``L + w`` chars, where ``L`` is where the run starts and ``w`` the widest filter.  When
-``L + w <= TRIMMED_CHARS`` for every token of the pass (tokens of up to 15 bytes with the
-standard widths), the convolutions run on the first ``TRIMMED_CHARS`` positions instead of
-all 50, with the same result; otherwise on all.  Configs whose tokens are no longer than
-this, or whose widest filter does not fit in it, always use all positions.
+``L + w`` chars (:func:`chars_needed`), where ``L`` is where the run starts and ``w`` the
+widest filter.  A pass runs its convolutions on the first ``n`` positions for the
+smallest level ``n`` that holds every one of its tokens (``n = 12``: tokens of up to 3
+bytes with the standard widths; 16: 7 bytes; 20: 11; 24: 15), on all of them otherwise;
+the choice is a ``lax.switch``, so shapes stay static and the result is the same.  Levels
+not above the widest filter or not below ``max_characters_per_token`` are skipped.  On
+the CPU the chunks of :data:`CNN_CHUNK_TOKENS` tokens are formed after sorting the tokens
+by this need, so most chunks hold only short words and take a low level.
+"""
+
+GRAD_TRIM_LEVELS = (24,)
+"""The levels for passes that are differentiated (training): under ``jax.grad`` every
+branch of the ``lax.switch`` writes the residuals of all branches, so more levels made the
+``small`` training step slower (6.1 -> 6.8 s at 128 x 20) and its compile longer (7.6 ->
+13 s) on the 2-core benchmark machine; one level plus the full width is what it had before.
 """
 
 
-def _char_cnn_trimmed(params: dict, config: ElmoConfig, ids_NC: jax.Array, dtype, conv_fn) -> jax.Array:
-    """:func:`_char_cnn` on the first :data:`TRIMMED_CHARS` chars when that changes nothing."""
+def chars_needed(ids_NC: jax.Array, widest: int) -> jax.Array:
+    """Per token ``[N]``: how many leading chars the convolutions need (see :data:`TRIM_LEVELS`)."""
+    pos_C = jnp.arange(1, ids_NC.shape[-1] + 1)
+    return jnp.max(jnp.where(ids_NC != ids_NC[:, -1:], pos_C, 0), axis=-1, initial=0) + widest
+
+
+def _char_cnn_trimmed(params: dict, config: ElmoConfig, ids_NC: jax.Array, dtype, conv_fn,
+                      trim_levels: tuple[int, ...]) -> jax.Array:
+    """:func:`_char_cnn` on the first chars only, as many as the pass's tokens need
+    (the smallest of ``trim_levels`` that holds them all, else all)."""
     n_chars = ids_NC.shape[-1]
     widest = max(width for width, _ in config.char_cnn.filters)
-    if n_chars <= TRIMMED_CHARS or widest >= TRIMMED_CHARS:
+    levels = sorted(n for n in trim_levels if widest < n < n_chars)
+    if not levels:
         return _char_cnn(params, config, ids_NC, dtype, conv_fn)
-    pos_C = jnp.arange(1, n_chars + 1)
-    run_start = jnp.max(jnp.where(ids_NC != ids_NC[:, -1:], pos_C, 0), initial=0)  # over all tokens
-    return jax.lax.cond(run_start + widest <= TRIMMED_CHARS,
-                        lambda ids: _char_cnn(params, config, ids[:, :TRIMMED_CHARS], dtype, conv_fn),
-                        lambda ids: _char_cnn(params, config, ids, dtype, conv_fn),
-                        ids_NC)
+    need = jnp.max(chars_needed(ids_NC, widest), initial=0)
+    branches = [functools.partial(lambda n, ids: _char_cnn(params, config, ids[:, :n], dtype, conv_fn), n)
+                for n in levels + [n_chars]]
+    return jax.lax.switch(jnp.sum(need > jnp.asarray(levels)), branches, ids_NC)
 
 
 def _char_cnn(params: dict, config: ElmoConfig, ids_NC: jax.Array, dtype, conv_fn) -> jax.Array:
@@ -190,6 +214,27 @@ def _conv1d_bwd(out_dtype, residuals, dy_NWn):
 conv1d.defvjp(_conv1d_fwd, _conv1d_bwd)
 
 
+@jax.custom_vjp
+def _unsort_rows(x_sorted_N_: jax.Array, order_N: jax.Array) -> jax.Array:
+    """Rows back in their original order: ``out[order[i]] = x_sorted[i]``.
+
+    Written as a gather with the inverse permutation; its gradient is the gather with
+    ``order`` (autodiff would give a scatter-add, which XLA:CPU runs row by row).
+    """
+    return x_sorted_N_[jnp.argsort(order_N)]
+
+
+def _unsort_rows_fwd(x_sorted_N_, order_N):
+    return _unsort_rows(x_sorted_N_, order_N), order_N
+
+
+def _unsort_rows_bwd(order_N, g_N_):
+    return g_N_[order_N], None
+
+
+_unsort_rows.defvjp(_unsort_rows_fwd, _unsort_rows_bwd)
+
+
 def _dense(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
     return einsum("nf,fp->np", x, w, dtype)
 
@@ -210,6 +255,6 @@ def encode_tokens_remat(params: dict, config: ElmoConfig, char_ids_RBTC: jax.Arr
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def chunk(ids_RBKC):
-        return encode_tokens(params, config, ids_RBKC, dtype=dtype, in_loop=True)
+        return encode_tokens(params, config, ids_RBKC, dtype=dtype, in_loop=True, trim_levels=GRAD_TRIM_LEVELS)
 
     return from_chunks(jax.lax.map(chunk, ids_NRBKC), 2, char_ids_RBTC.shape[2])

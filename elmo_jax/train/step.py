@@ -30,7 +30,7 @@ import optax
 from elmo_jax.config import ElmoConfig
 from elmo_jax.model.bilm import init_params
 from elmo_jax.model.chunks import from_chunks, to_chunks
-from elmo_jax.model.encoder import encode_tokens, encode_tokens_remat
+from elmo_jax.model.encoder import GRAD_TRIM_LEVELS, encode_tokens, encode_tokens_remat
 from elmo_jax.model.lstm import dropout, lstm_stack
 from elmo_jax.train.losses import full_softmax_loss, init_softmax
 
@@ -115,7 +115,7 @@ def lm_losses(
     if 0 < remat_steps < ids_RBTC.shape[2]:
         x_RBTP = encode_tokens_remat(params["bilm"], config, ids_RBTC, remat_steps, dtype=dtype)
     else:
-        x_RBTP = encode_tokens(params["bilm"], config, ids_RBTC, dtype=dtype)
+        x_RBTP = encode_tokens(params["bilm"], config, ids_RBTC, dtype=dtype, trim_levels=GRAD_TRIM_LEVELS)
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
     k_lstm, k_top = jax.random.split(dropout_rng) if dropout_rate > 0.0 else (None, None)
