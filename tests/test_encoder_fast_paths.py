@@ -122,7 +122,7 @@ def test_precomputed_markers_equal_markers_in_the_pass(bilm_fixtures):
 def _level_taken(cfg, ids):
     """The number of chars the convolutions of one pass over ``ids`` see."""
     widest = max(w for w, _ in cfg.char_cnn.filters)
-    need = int(jnp.max(encoder.chars_needed(ids.reshape(-1, ids.shape[-1]), widest)))
+    need = int(jnp.max(encoder.chars_needed(ids.reshape(-1, ids.shape[-1]), cfg)))
     return min([n for n in encoder.TRIM_LEVELS if widest < n and need <= n] + [ids.shape[-1]])
 
 
@@ -188,6 +188,17 @@ def test_length_sorted_chunks_equal_one_full_pass(monkeypatch, request, source):
     assert any(float(jnp.max(jnp.abs(x))) > 0 for x in jax.tree.leaves(g_full))
     for a, b, c in zip(jax.tree.leaves(g), jax.tree.leaves(g_train), jax.tree.leaves(g_full)):
         assert a.shape == c.shape and _rel(a, c) <= 1e-5 and _rel(b, c) <= 1e-5
+
+
+def test_trim_levels_must_be_char_counts():
+    params = init_params(jax.random.key(10), TINY)
+    ids = _ids(1, 2, TINY.char_cnn.max_characters_per_token)
+    for bad in [(12.5,), ("16",), (True,)]:
+        with pytest.raises(ValueError, match="trim_levels must be char counts"):
+            encode_tokens(params, TINY, ids, trim_levels=bad)
+    # Levels that cannot apply (not above the widest filter, not below the char count) are ignored.
+    out = encode_tokens(params, TINY, ids, trim_levels=(0, 3, 50, 10**6))
+    assert _rel(out, encode_tokens(params, TINY, ids, trim_levels=())) <= 1e-6
 
 
 def test_trimming_respects_any_tail_id(monkeypatch):

@@ -77,7 +77,9 @@ def encode_tokens(params: dict, config: ElmoConfig, char_ids: jax.Array, dtype=j
     ``trim_levels``: the char counts the convolutions may be cut to (default
     :data:`TRIM_LEVELS`; differentiated passes use :data:`GRAD_TRIM_LEVELS`).
     """
-    levels = TRIM_LEVELS if trim_levels is None else trim_levels
+    levels = TRIM_LEVELS if trim_levels is None else tuple(trim_levels)
+    if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in levels):
+        raise ValueError(f"trim_levels must be char counts (integers), got {trim_levels!r}")
     lead = char_ids.shape[:-1]
     ids_NC = char_ids.reshape(-1, char_ids.shape[-1])
     chunk = cnn_chunk_tokens(ids_NC.shape[0])
@@ -85,13 +87,15 @@ def encode_tokens(params: dict, config: ElmoConfig, char_ids: jax.Array, dtype=j
         # Tokens sorted by the chars they need, so that each chunk is trimmed to its own
         # longest word (TRIM_LEVELS); chunks run in a loop, where only conv1d's own
         # gradient is fast (see conv1d).
-        widest = max(width for width, _ in config.char_cnn.filters)
-        order_N = jnp.argsort(chars_needed(ids_NC, widest))
-        h_MKF = jax.lax.map(lambda ids_KC: _char_cnn_trimmed(params, config, ids_KC, dtype, conv1d, levels),
-                            to_chunks(ids_NC[order_N], 0, chunk))
+        need_N = chars_needed(ids_NC, config)
+        order_N = jnp.argsort(need_N)
+        h_MKF = jax.lax.map(
+            lambda xs: _char_cnn_trimmed(params, config, *xs, dtype, conv1d, levels),
+            (to_chunks(ids_NC[order_N], 0, chunk), to_chunks(need_N[order_N], 0, chunk)))
         h_NF = _unsort_rows(from_chunks(h_MKF, 0, ids_NC.shape[0]), order_N)
     else:
-        h_NF = _char_cnn_trimmed(params, config, ids_NC, dtype, conv1d if in_loop else _conv, levels)
+        h_NF = _char_cnn_trimmed(params, config, ids_NC, chars_needed(ids_NC, config), dtype,
+                                 conv1d if in_loop else _conv, levels)
     for hw in params["highway"]:
         hd = h_NF.astype(dtype)
         carry = jax.nn.sigmoid(_dense(hd, hw["w_carry"], dtype) + hw["b_carry"])
@@ -145,22 +149,27 @@ branch of the ``lax.switch`` writes the residuals of all branches, so more level
 """
 
 
-def chars_needed(ids_NC: jax.Array, widest: int) -> jax.Array:
+def _widest_filter(config: ElmoConfig) -> int:
+    return max(width for width, _ in config.char_cnn.filters)
+
+
+def chars_needed(ids_NC: jax.Array, config: ElmoConfig) -> jax.Array:
     """Per token ``[N]``: how many leading chars the convolutions need (see :data:`TRIM_LEVELS`)."""
     pos_C = jnp.arange(1, ids_NC.shape[-1] + 1)
-    return jnp.max(jnp.where(ids_NC != ids_NC[:, -1:], pos_C, 0), axis=-1, initial=0) + widest
+    run_start_N = jnp.max(jnp.where(ids_NC != ids_NC[:, -1:], pos_C, 0), axis=-1, initial=0)
+    return run_start_N + _widest_filter(config)
 
 
-def _char_cnn_trimmed(params: dict, config: ElmoConfig, ids_NC: jax.Array, dtype, conv_fn,
-                      trim_levels: tuple[int, ...]) -> jax.Array:
+def _char_cnn_trimmed(params: dict, config: ElmoConfig, ids_NC: jax.Array, need_N: jax.Array, dtype,
+                      conv_fn, trim_levels: tuple[int, ...]) -> jax.Array:
     """:func:`_char_cnn` on the first chars only, as many as the pass's tokens need
-    (the smallest of ``trim_levels`` that holds them all, else all)."""
+    (``need_N`` from :func:`chars_needed`; the smallest of ``trim_levels`` that holds them
+    all, else all)."""
     n_chars = ids_NC.shape[-1]
-    widest = max(width for width, _ in config.char_cnn.filters)
-    levels = sorted(n for n in trim_levels if widest < n < n_chars)
+    levels = sorted(n for n in trim_levels if _widest_filter(config) < n < n_chars)
     if not levels:
         return _char_cnn(params, config, ids_NC, dtype, conv_fn)
-    need = jnp.max(chars_needed(ids_NC, widest), initial=0)
+    need = jnp.max(need_N, initial=0)
     branches = [functools.partial(lambda n, ids: _char_cnn(params, config, ids[:, :n], dtype, conv_fn), n)
                 for n in levels + [n_chars]]
     return jax.lax.switch(jnp.sum(need > jnp.asarray(levels)), branches, ids_NC)
