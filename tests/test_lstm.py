@@ -94,6 +94,32 @@ def test_clip_free_config_and_padding_steps_pass_state_through():
     assert not np.asarray(h).any()
 
 
+def test_inference_skips_steps_no_row_uses_with_the_scans_numbers():
+    """The primal recurrence stops after the last step any row uses; its outputs, final
+    state and zeros past each row's end equal the full scan's exactly, also with a step in
+    the middle that no row uses and with no step used at all."""
+    layer, x, mask, h0, c0 = _inputs(TINY)
+    l = TINY.lstm
+    gx = L.einsum("rbti,rig->trbg", x, layer["w_x"], jnp.float32) + layer["b"][None, :, None, :]
+    m_full = np.ones((T, R, B, 1), np.float32)
+    trailing = m_full.copy()
+    trailing[6:] = 0.0  # the last 3 steps are padding in every row (a length bucket)
+    trailing[5:, 0, 1] = 0.0
+    trailing[4:, 1, 2] = 0.0  # rows of different lengths
+    hole = trailing.copy()
+    hole[3] = 0.0  # no row uses step 3, later steps are used
+    for m in (m_full, trailing, hole, np.zeros_like(m_full)):
+        m = jnp.asarray(m)
+        args = (layer["w_h"], layer["w_p"], gx, m, h0, c0, l.cell_clip, l.proj_clip, jnp.dtype(jnp.float32))
+        fast = jax.jit(L.recurrence, static_argnums=(6, 7, 8))(*args)
+        (h_last, c_last), h = jax.jit(L._recurrence_scan, static_argnums=(6, 7, 8, 9))(*args, False)
+        for a, b in zip(fast, (h, h_last, c_last)):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        assert not np.asarray(fast[0])[np.asarray(m[..., 0]) == 0].any()
+    # the loop's trip count: the last step any row uses, not the array's length
+    assert [int(L.steps_in_use(jnp.asarray(m))) for m in (m_full, trailing, hole, 0 * m_full)] == [T, 6, 6, 0]
+
+
 def test_bfloat16_stays_within_documented_tolerance():
     """bf16 matmuls (f32 params, cell state and accumulation): outputs within 2e-2 of f32.
 

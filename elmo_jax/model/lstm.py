@@ -132,8 +132,8 @@ def _clip_grad(x, g, bound):
     return jnp.where(ax < bound, g, jnp.where(ax == bound, 0.5 * g, 0.0))
 
 
-def _recurrence_scan(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype,
-                     keep_residuals: bool):
+def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, keep_residuals: bool):
+    """One time step ``(carry, (gx, mask)) -> (carry, out)`` with the weights cast to ``dtype``."""
     w_h = w_h.astype(dtype)
     w_p = w_p.astype(dtype)
 
@@ -149,7 +149,42 @@ def _recurrence_scan(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, pr
         out = jnp.where(keep, h, 0.0)
         return new_carry, ((out, z, h_RBP, c_RBH, hp) if keep_residuals else out)
 
+    return step
+
+
+def _recurrence_scan(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype,
+                     keep_residuals: bool):
+    step = _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, keep_residuals)
     return jax.lax.scan(step, (h0_RBP, c0_RBH), (gx_TRBG, mask_TRB1))
+
+
+def steps_in_use(mask_T_: jax.Array) -> jax.Array:
+    """1 + the last time step (axis 0) whose mask is non-zero in any row; 0 if none is."""
+    active_T = jnp.any(mask_T_ > 0, axis=tuple(range(1, mask_T_.ndim)))
+    return jnp.max(jnp.where(active_T, jnp.arange(1, mask_T_.shape[0] + 1), 0))
+
+
+def _recurrence_active_steps(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype):
+    """:func:`_recurrence_scan` without residuals, stopping after the last step that any row
+    uses: a step whose mask is 0 in every row leaves the state as it is and outputs 0, so
+    the steps after the last active one are skipped instead of run (the padding of a length
+    bucket: up to a third of the steps).  Same numbers as the scan; not differentiable (a
+    ``while_loop`` with a computed trip count), so it serves the primal of :func:`recurrence`.
+    """
+    step = _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, False)
+    n_time = gx_TRBG.shape[0]
+    n_steps = steps_in_use(mask_TRB1)
+    carry0 = (h0_RBP, c0_RBH)
+    out_aval = jax.eval_shape(step, carry0, (gx_TRBG[0], mask_TRB1[0]))[1]
+    out0_TRBP = jnp.zeros((n_time,) + out_aval.shape, out_aval.dtype)
+
+    def body(loop):
+        t, carry, out_TRBP = loop
+        carry, out = step(carry, (gx_TRBG[t], mask_TRB1[t]))
+        return t + 1, carry, jax.lax.dynamic_update_index_in_dim(out_TRBP, out, t, 0)
+
+    _, carry, out_TRBP = jax.lax.while_loop(lambda loop: loop[0] < n_steps, body, (0, carry0, out0_TRBP))
+    return carry, out_TRBP
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6, 7, 8))
@@ -162,9 +197,11 @@ def recurrence(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_cli
     (``dW_h = sum_t h_{t-1}^T dz_t``), instead of autodiff's rank-B update of the whole
     ``[P, 4H]`` gradient carried through every step (for ``original``, 32 MB of memory
     traffic per step and direction).  Equal to autodiff of the same scan to float rounding.
+    Not differentiated (inference), it stops after the last step that any row uses
+    (:func:`_recurrence_active_steps`).
     """
-    (h_last, c_last), h_TRBP = _recurrence_scan(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH,
-                                                cell_clip, proj_clip, dtype, False)
+    (h_last, c_last), h_TRBP = _recurrence_active_steps(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH,
+                                                        cell_clip, proj_clip, dtype)
     return h_TRBP, h_last, c_last
 
 
