@@ -95,7 +95,7 @@ def test_clip_free_config_and_padding_steps_pass_state_through():
 
 
 def test_inference_skips_steps_no_row_uses_with_the_scans_numbers():
-    """The primal recurrence stops after the last step any row uses; its outputs, final
+    """On the CPU the primal recurrence stops after the last step any row uses; its outputs, final
     state and zeros past each row's end equal the full scan's exactly, also with a step in
     the middle that no row uses and with no step used at all."""
     layer, x, mask, h0, c0 = _inputs(TINY)

@@ -197,11 +197,17 @@ def recurrence(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_cli
     (``dW_h = sum_t h_{t-1}^T dz_t``), instead of autodiff's rank-B update of the whole
     ``[P, 4H]`` gradient carried through every step (for ``original``, 32 MB of memory
     traffic per step and direction).  Equal to autodiff of the same scan to float rounding.
-    Not differentiated (inference), it stops after the last step that any row uses
-    (:func:`_recurrence_active_steps`).
+    Not differentiated (inference) on the CPU, it stops after the last step that any row
+    uses (:func:`_recurrence_active_steps`).  Accelerators keep the scan: there a loop whose
+    trip count is computed on the device reads its condition back to the host at every step
+    (XLA's GPU while loops), which a scan of known length avoids, and that trade is unmeasured.
     """
-    (h_last, c_last), h_TRBP = _recurrence_active_steps(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH,
-                                                        cell_clip, proj_clip, dtype)
+    if jax.default_backend() == "cpu":
+        (h_last, c_last), h_TRBP = _recurrence_active_steps(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH,
+                                                            cell_clip, proj_clip, dtype)
+    else:
+        (h_last, c_last), h_TRBP = _recurrence_scan(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH,
+                                                    cell_clip, proj_clip, dtype, False)
     return h_TRBP, h_last, c_last
 
 
