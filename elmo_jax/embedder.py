@@ -17,8 +17,9 @@ is what is bucketed: it is the smallest value of the ladder
 that holds ``n + 2`` for the longest sentence of the group (``n`` tokens).  Consecutive
 rungs differ by at most 1.5x, so at most a third of the steps is padding (the original
 power-of-two scheme wasted up to half); on the CPU the LSTMs skip those steps (they stop
-after the group's longest sentence, :func:`elmo_jax.model.lstm.steps_in_use`).  ``time_bucket(n)`` returns ``time`` (the rung minus
-2: 6, 10, 14, 22, 30, 46, 62, ...).  Sentences are sorted by length, each goes to its
+after the group's longest sentence, :func:`elmo_jax.model.lstm.steps_in_use`).
+``time_bucket(n)`` returns ``time`` (the rung minus 2: 6, 10, 14, 22, 30, 46, 62, ...).
+Sentences are sorted by length, each goes to its
 bucket, and each bucket is cut into groups of ``batch_size`` rows; a group's ``rows`` is
 the next power of two (capped at ``batch_size``).  Each distinct ``(rows, time)`` is
 compiled once per ``Elmo`` object, so the number of compilations is bounded whatever the

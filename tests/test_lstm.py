@@ -118,6 +118,15 @@ def test_inference_skips_steps_no_row_uses_with_the_scans_numbers():
         assert not np.asarray(fast[0])[np.asarray(m[..., 0]) == 0].any()
     # the loop's trip count: the last step any row uses, not the array's length
     assert [int(L.steps_in_use(jnp.asarray(m))) for m in (m_full, trailing, hole, 0 * m_full)] == [T, 6, 6, 0]
+    # no time steps at all, or no rows: empty outputs and the state passed through
+    for n_time, n_rows in ((0, B), (T, 0)):
+        m = jnp.ones((n_time, R, n_rows, 1))
+        h0_, c0_ = h0[:, :n_rows], c0[:, :n_rows]
+        h, h_last, c_last = L.recurrence(layer["w_h"], layer["w_p"], gx[:n_time, :, :n_rows], m, h0_, c0_,
+                                         l.cell_clip, l.proj_clip, jnp.dtype(jnp.float32))
+        assert h.shape == (n_time, R, n_rows, l.projection_dim)
+        np.testing.assert_array_equal(np.asarray(h_last), np.asarray(h0_))
+        np.testing.assert_array_equal(np.asarray(c_last), np.asarray(c0_))
 
 
 def test_bfloat16_stays_within_documented_tolerance():

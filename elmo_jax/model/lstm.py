@@ -161,7 +161,7 @@ def _recurrence_scan(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, pr
 def steps_in_use(mask_T_: jax.Array) -> jax.Array:
     """1 + the last time step (axis 0) whose mask is non-zero in any row; 0 if none is."""
     active_T = jnp.any(mask_T_ > 0, axis=tuple(range(1, mask_T_.ndim)))
-    return jnp.max(jnp.where(active_T, jnp.arange(1, mask_T_.shape[0] + 1), 0))
+    return jnp.max(jnp.where(active_T, jnp.arange(1, mask_T_.shape[0] + 1), 0), initial=0)
 
 
 def _recurrence_active_steps(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype):
@@ -171,8 +171,10 @@ def _recurrence_active_steps(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_
     bucket: up to a third of the steps).  Same numbers as the scan; not differentiable (a
     ``while_loop`` with a computed trip count), so it serves the primal of :func:`recurrence`.
     """
-    step = _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, False)
     n_time = gx_TRBG.shape[0]
+    if n_time == 0:
+        return _recurrence_scan(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype, False)
+    step = _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, False)
     n_steps = steps_in_use(mask_TRB1)
     carry0 = (h0_RBP, c0_RBH)
     out_aval = jax.eval_shape(step, carry0, (gx_TRBG[0], mask_TRB1[0]))[1]
