@@ -36,37 +36,47 @@ BOS_TOKEN = "<S>"
 EOS_TOKEN = "</S>"
 
 
-def _marker_ids(char: int, max_chars: int) -> np.ndarray:
-    ids = np.full(max_chars, PAD_CHAR, dtype=np.int32)
-    ids[:3] = (BOW_CHAR, char, EOW_CHAR)
-    return ids + 1
-
-
 def token_to_ids(token: str | bytes, max_characters_per_token: int = 50) -> np.ndarray:
     """Char ids of one token, int32 ``[max_characters_per_token]``, +1 offset applied.
 
     ``"<S>"`` and ``"</S>"`` map to the sentence-marker tokens.  ``bytes`` input is decoded
     as UTF-8 with invalid sequences dropped, as the originals do.
     """
+    return tokens_to_ids([token], max_characters_per_token)[0]
+
+
+def tokens_to_ids(tokens: Sequence[str | bytes], max_characters_per_token: int = 50) -> np.ndarray:
+    """Char ids of each token, int32 ``[len(tokens), max_characters_per_token]``: row ``i``
+    is :func:`token_to_ids` of ``tokens[i]``, all rows written by one numpy scatter."""
     if max_characters_per_token < 3:
         raise ValueError(
             f"max_characters_per_token must be at least 3 (bow, one char, eow), got "
             f"{max_characters_per_token}"
         )
-    if isinstance(token, bytes):
-        token = token.decode("utf-8", errors="ignore")
-    if not isinstance(token, str):
-        raise TypeError(f"a token must be a str, got {type(token).__name__}: {token!r}")
-    if token == BOS_TOKEN:
-        return _marker_ids(BOS_CHAR, max_characters_per_token)
-    if token == EOS_TOKEN:
-        return _marker_ids(EOS_CHAR, max_characters_per_token)
-    raw = token.encode("utf-8", errors="ignore")[: max_characters_per_token - 2]
-    ids = np.full(max_characters_per_token, PAD_CHAR, dtype=np.int32)
-    ids[0] = BOW_CHAR
-    ids[1 : 1 + len(raw)] = np.frombuffer(raw, dtype=np.uint8)
-    ids[1 + len(raw)] = EOW_CHAR
-    return ids + 1
+    keep = max_characters_per_token - 2
+    raw_N: list[bytes] = []
+    markers: list[tuple[int, int]] = []
+    for i, token in enumerate(tokens):
+        if isinstance(token, bytes):
+            token = token.decode("utf-8", errors="ignore")
+        if not isinstance(token, str):
+            raise TypeError(f"a token must be a str, got {type(token).__name__}: {token!r}")
+        if token == BOS_TOKEN or token == EOS_TOKEN:
+            markers.append((i, BOS_CHAR if token == BOS_TOKEN else EOS_CHAR))
+            token = ""
+        raw_N.append(token.encode("utf-8", errors="ignore")[:keep])
+    n = len(raw_N)
+    out = np.full((n, max_characters_per_token), PAD_CHAR + 1, dtype=np.int32)
+    out[:, 0] = BOW_CHAR + 1
+    len_N = np.fromiter(map(len, raw_N), dtype=np.int64, count=n)
+    bytes_C = np.frombuffer(b"".join(raw_N), dtype=np.uint8)
+    row_C = np.repeat(np.arange(n), len_N)
+    col_C = np.arange(bytes_C.size) - np.repeat(np.cumsum(len_N) - len_N, len_N) + 1
+    out[row_C, col_C] = bytes_C.astype(np.int32) + 1
+    out[np.arange(n), len_N + 1] = EOW_CHAR + 1
+    for i, char in markers:
+        out[i, 1:3] = (char + 1, EOW_CHAR + 1)
+    return out
 
 
 def tokenize(sentence: str | Sequence[str]) -> list[str]:
@@ -105,11 +115,12 @@ def batch_to_ids(
     if width < longest:
         raise ValueError(f"max_length={max_length} is shorter than the longest sentence ({longest} tokens)")
     out = np.zeros((len(token_lists), width, max_characters_per_token), dtype=np.int32)
-    cache: dict[str | bytes, np.ndarray] = {}
-    for b, tokens in enumerate(token_lists):
-        for t, token in enumerate(tokens):
-            ids = cache.get(token)
-            if ids is None:
-                ids = cache[token] = token_to_ids(token, max_characters_per_token)
-            out[b, t] = ids
+    # Each distinct token is converted once; its row is then copied to every position.
+    index: dict[str | bytes, int] = {}
+    which = [index.setdefault(token, len(index)) for tokens in token_lists for token in tokens]
+    if which:
+        len_B = np.fromiter(map(len, token_lists), dtype=np.int64, count=len(token_lists))
+        row = np.repeat(np.arange(len(token_lists)), len_B)
+        col = np.arange(len(which)) - np.repeat(np.cumsum(len_B) - len_B, len_B)
+        out[row, col] = tokens_to_ids(list(index), max_characters_per_token)[which]
     return out

@@ -2,7 +2,7 @@ import numpy as np
 import pytest
 
 from elmo_jax import batch_to_ids
-from elmo_jax.chars import token_to_ids
+from elmo_jax.chars import token_to_ids, tokens_to_ids
 
 
 def raw(ids):
@@ -55,3 +55,35 @@ def test_bad_input_named():
         batch_to_ids([b"a b"])
     with pytest.raises(ValueError, match="at least 3"):
         token_to_ids("a", 2)
+
+
+def spelled_out(token, max_chars):
+    """The documented scheme, one token at a time in plain Python (raw ids, no +1)."""
+    if isinstance(token, bytes):
+        token = token.decode("utf-8", errors="ignore")
+    if token in ("<S>", "</S>"):
+        return [258, 256 if token == "<S>" else 257, 259] + [260] * (max_chars - 3)
+    body = list(token.encode("utf-8", errors="ignore")[: max_chars - 2])
+    return [258] + body + [259] + [260] * (max_chars - 2 - len(body))
+
+
+MIXED = ["a", "", "<S>", "bank", "x" * 60, "银" * 17, b"a\xffb", "</S>", "a\ud800b", "<s>", "é", "a"]
+
+
+@pytest.mark.parametrize("max_chars", [3, 5, 50])
+def test_many_tokens_at_once_equal_the_scheme_token_by_token(max_chars):
+    got = tokens_to_ids(MIXED, max_chars)
+    assert got.shape == (len(MIXED), max_chars) and got.dtype == np.int32
+    for row, token in zip(got, MIXED):
+        assert raw(row) == spelled_out(token, max_chars), token
+    assert tokens_to_ids([], max_chars).shape == (0, max_chars)
+
+
+def test_batch_puts_each_tokens_row_at_its_position():
+    sentences = [MIXED[:5], [], MIXED[5:], ["a", "a", "<S>"]]
+    ids = batch_to_ids(sentences, 50, max_length=9)
+    assert ids.shape == (4, 9, 50)
+    for b, tokens in enumerate(sentences):
+        for t in range(9):
+            want = spelled_out(tokens[t], 50) if t < len(tokens) else [-1] * 50
+            assert raw(ids[b, t]) == want, (b, t)

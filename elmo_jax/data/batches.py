@@ -110,7 +110,7 @@ class _TokenTable:
         for i, tok in enumerate(new, start=n0):
             self.index[tok] = i
             self.vocab_ids[i] = self.vocab_get(tok, self.unk)
-            self.char_ids[i] = chars_lib.token_to_ids(tok, self.max_chars)
+        self.char_ids[n0:n1] = chars_lib.tokens_to_ids(new, self.max_chars)
 
     def lookup(self, tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
         """(vocab ids [n] int32, char ids [n, C] int16) of ``tokens``."""
