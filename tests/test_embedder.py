@@ -253,3 +253,21 @@ def test_bfloat16_option_stays_within_tolerance_of_float32(tiny):
 def test_unsupported_dtype_names_the_choices():
     with pytest.raises(ValueError, match="float16.*use one of float32, bfloat16"):
         Elmo.random("tiny", dtype="float16")
+
+
+@pytest.mark.parametrize("layers", ["all", "top"])
+def test_arrays_over_several_groups_are_contiguous_separate_and_each_sentences_own(tiny, layers):
+    """Several groups (batch_size 8), each copied to the host while the next one computes,
+    and each group's arrays cut from one buffer: every array must be contiguous, hold
+    its own sentence (as embedded alone) and share no memory with its neighbours."""
+    words = ["bank", "river", "money", "of", "the", "a", "银行", "it"]
+    sents = [[words[(i * 3 + k) % len(words)] for k in range(1 + i % 7)] for i in range(21)]
+    out = tiny.embed(sents, layers)
+    for i, (s, v) in enumerate(zip(sents, out)):
+        assert v.flags["C_CONTIGUOUS"] and v.shape[-2] == len(s)
+        np.testing.assert_allclose(v, tiny.embed([s], layers)[0], atol=1e-6, err_msg=f"sentence {i}")
+    for a, b in zip(out, out[1:]):
+        assert not np.shares_memory(a, b)
+    before = out[1].copy()
+    out[0][...] = 7.0
+    np.testing.assert_array_equal(out[1], before)
