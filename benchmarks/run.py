@@ -219,7 +219,9 @@ class Suite:
         bw = self.ours("membw", "--n", "512", "--min-reps", "10", "--min-time", "2", "--max-reps", "50")
         self.results["membw"] = bw
         if "gb_per_s" in bw:
-            log(f"  weight-streaming bandwidth (1-row x @ W, W 512 MiB f32): {bw['gb_per_s']:.1f} GB/s")
+            log(f"  weight-streaming bandwidth (1-row x @ W, W 512 MiB f32): {bw['gb_per_s']:.1f} GB/s; "
+                f"device -> host copy (48 MiB): {bw['to_host_gb_per_s']:.1f} GB/s"
+                + (" (no copy on the CPU: the host shares the buffer)" if bw.get("platform") == "cpu" else ""))
 
     def save_partial(self) -> None:
         """Write what is measured so far (``OUT.partial``), so a run cut short keeps its rows."""
