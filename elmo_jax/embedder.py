@@ -335,6 +335,7 @@ class Elmo:
 
             bar = tqdm(total=len(token_lists), unit="sent", desc="embed")
             bar.update(len(token_lists) - sum(len(g) for g in groups))
+
         def to_host(group: list[int], out: jax.Array) -> list[np.ndarray]:
             host = np.asarray(out)
             return _split_rows(host if layers == "all" else host[None], [len(token_lists[i]) for i in group],
