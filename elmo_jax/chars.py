@@ -53,6 +53,8 @@ def tokens_to_ids(tokens: Sequence[str | bytes], max_characters_per_token: int =
             f"max_characters_per_token must be at least 3 (bow, one char, eow), got "
             f"{max_characters_per_token}"
         )
+    if isinstance(tokens, (str, bytes)):
+        raise TypeError("tokens_to_ids takes a list of tokens; for one token use token_to_ids(token)")
     keep = max_characters_per_token - 2
     raw_N: list[bytes] = []
     markers: list[tuple[int, int]] = []

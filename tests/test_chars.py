@@ -55,6 +55,8 @@ def test_bad_input_named():
         batch_to_ids([b"a b"])
     with pytest.raises(ValueError, match="at least 3"):
         token_to_ids("a", 2)
+    with pytest.raises(TypeError, match="list of tokens"):
+        tokens_to_ids("abc")
 
 
 def spelled_out(token, max_chars):
