@@ -25,6 +25,13 @@
 # TRAIN_TIMEOUT / EMBED_TIMEOUT / AGREE_TIMEOUT / STEP_SKIP_TIMEOUT / TRAIN_LARGE_TIMEOUT / TEST_TIMEOUT in seconds.
 set -u
 out=${1:?usage: bash benchmarks/accelerator.sh OUTDIR}
+for name in TRAIN_TIMEOUT EMBED_TIMEOUT AGREE_TIMEOUT STEP_SKIP_TIMEOUT TRAIN_LARGE_TIMEOUT TEST_TIMEOUT; do
+  value=${!name:-}
+  if [[ -n "$value" && ! "$value" =~ ^[0-9]+$ ]]; then
+    echo "accelerator.sh: $name=$value is not a whole number of seconds (unset it for the default)" >&2
+    exit 2
+  fi
+done
 mkdir -p "$out"
 py=${PYTHON:-python3}
 log="$out/run.log"
