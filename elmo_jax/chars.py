@@ -90,7 +90,13 @@ def tokenize(sentence: str | Sequence[str]) -> list[str]:
             "a sentence must be a str or a list of tokens, got bytes: decode it first "
             "(e.g. sentence.decode('utf-8', errors='ignore'))"
         )
-    tokens = list(sentence)
+    try:
+        tokens = list(sentence)
+    except TypeError:
+        raise TypeError(
+            f"a sentence must be a str or a list of str tokens, got {type(sentence).__name__}: "
+            f"{sentence!r}"
+        ) from None
     for t in tokens:
         if not isinstance(t, (str, bytes)):
             raise TypeError(

@@ -53,6 +53,8 @@ def test_bad_input_named():
         batch_to_ids([["a", 3]])
     with pytest.raises(TypeError, match="bytes"):
         batch_to_ids([b"a b"])
+    with pytest.raises(TypeError, match="got NoneType: None"):
+        batch_to_ids(["a b", None])
     with pytest.raises(ValueError, match="at least 3"):
         token_to_ids("a", 2)
     with pytest.raises(TypeError, match="list of tokens"):
