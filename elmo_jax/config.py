@@ -20,14 +20,17 @@ import os
 from typing import Any
 
 from elmo_jax import chars
+from elmo_jax.errors import ElmoError
 
 ACTIVATIONS = ("relu", "tanh")
 # Matmul operand dtypes (params, cell state and accumulation stay float32).
 COMPUTE_DTYPES = ("float32", "bfloat16")
+# The first bytes of every HDF5 file (used to name a weight file given as options.json).
+HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 STANDARD_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
 
 
-class ConfigError(ValueError):
+class ConfigError(ElmoError, ValueError):
     """An options.json or config value that cannot describe a biLM."""
 
 
@@ -123,10 +126,9 @@ class ElmoConfig:
             "n_layers": l.n_layers,
             "use_skip_connections": l.use_skip_connections,
         }
-        if l.cell_clip is not None:
-            lstm["cell_clip"] = _number(l.cell_clip)
-        if l.proj_clip is not None:
-            lstm["proj_clip"] = _number(l.proj_clip)
+        # Always written (null when unclipped): AllenNLP's reader indexes both keys.
+        lstm["cell_clip"] = None if l.cell_clip is None else _number(l.cell_clip)
+        lstm["proj_clip"] = None if l.proj_clip is None else _number(l.proj_clip)
         return {
             "lstm": lstm,
             "char_cnn": {
@@ -164,7 +166,9 @@ class ElmoConfig:
             char_cnn=CharCNNConfig(
                 embedding_dim=_field(emb, "dim", int, source, "char_cnn.embedding."),
                 filters=tuple((int(w), int(n)) for w, n in filters),
-                n_highway=_field(cnn, "n_highway", int, source, "char_cnn."),
+                # Optional as in the original reader: absent = no highway layer, one LSTM
+                # layer.  load_weights refuses a weight file with layers these leave out.
+                n_highway=_field(cnn, "n_highway", int, source, "char_cnn.", default=0),
                 activation=_field(cnn, "activation", str, source, "char_cnn."),
                 max_characters_per_token=_field(cnn, "max_characters_per_token", int, source, "char_cnn."),
                 # 261 and 262 describe the same model; the run-time table always has 262 rows.
@@ -173,7 +177,7 @@ class ElmoConfig:
             lstm=LSTMConfig(
                 dim=_field(lstm, "dim", int, source, "lstm."),
                 projection_dim=_field(lstm, "projection_dim", int, source, "lstm."),
-                n_layers=_field(lstm, "n_layers", int, source, "lstm."),
+                n_layers=_field(lstm, "n_layers", int, source, "lstm.", default=1),
                 cell_clip=_optional_number(lstm, "cell_clip", source),
                 proj_clip=_optional_number(lstm, "proj_clip", source),
                 use_skip_connections=_field(lstm, "use_skip_connections", bool, source, "lstm."),
@@ -184,10 +188,20 @@ class ElmoConfig:
     def from_json_file(cls, path: str | os.PathLike) -> "ElmoConfig":
         path = os.fspath(path)
         try:
-            with open(path, encoding="utf-8") as f:
-                options = json.load(f)
+            with open(path, "rb") as f:
+                raw = f.read()
         except FileNotFoundError:
             raise ConfigError(f"options file not found: {path}") from None
+        except OSError as e:
+            raise ConfigError(f"cannot read options file {path} ({e.strerror})") from None
+        if raw.startswith(HDF5_SIGNATURE):
+            raise ConfigError(f"{path} is an HDF5 file, not options.json: were the options and "
+                              f"weight files swapped?")
+        try:
+            options = json.loads(raw.decode("utf-8-sig"))
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); options.json "
+                              f"must be a UTF-8 JSON file") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path} is not valid JSON: {e}") from None
         return cls.from_options(options, source=path)

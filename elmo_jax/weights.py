@@ -24,9 +24,10 @@ import h5py
 import numpy as np
 
 from elmo_jax.config import ElmoConfig
+from elmo_jax.errors import ElmoError
 
 
-class WeightFileError(ValueError):
+class WeightFileError(ElmoError, ValueError):
     """A weight file that does not fit the model described by options.json."""
 
 
@@ -129,9 +130,11 @@ def load_weights(path: str | os.PathLike, config: ElmoConfig) -> dict:
     try:
         f = h5py.File(path, "r")
     except OSError as e:
-        raise WeightFileError(f"{path} is not a readable HDF5 file: {e}") from None
+        raise WeightFileError(f"{path} is not a readable HDF5 file ({e}); the weight file is the "
+                              f".hdf5 one, options.json the JSON one") from None
     datasets = {}
     with f:
+        _refuse_undescribed(f, path, expected_shapes(config))
         for name, shape in expected_shapes(config).items():
             if name not in f or not isinstance(f[name], h5py.Dataset):
                 raise WeightFileError(
@@ -150,6 +153,24 @@ def load_weights(path: str | os.PathLike, config: ElmoConfig) -> dict:
                 )
             datasets[name] = np.asarray(f[name][...], dtype=np.float32)
     return datasets_to_params(datasets, config)
+
+
+_LAYOUT_PREFIXES = ("char_embed", "CNN/", "CNN_high_", "CNN_proj/", "RNN_")
+
+
+def _refuse_undescribed(f: h5py.File, path: str, expected: dict) -> None:
+    """Refuse a file holding layout datasets the options do not describe (a highway or LSTM
+    layer, a filter, a projection): loading would silently drop them and give wrong vectors.
+    Datasets outside the layout (anything not named like it) are left alone."""
+    names: list[str] = []
+    f.visititems(lambda name, obj: names.append(name) if isinstance(obj, h5py.Dataset) else None)
+    extra = sorted(n for n in names if n.startswith(_LAYOUT_PREFIXES) and n not in expected)
+    if extra:
+        shown = ", ".join(extra[:4]) + (f" and {len(extra) - 4} more" if len(extra) > 4 else "")
+        raise WeightFileError(
+            f"{path} holds {shown}, which options.json does not describe; the options say fewer "
+            f"layers or filters than the weights have (check n_highway, lstm.n_layers, filters)"
+        )
 
 
 def save_weights(params: dict, config: ElmoConfig, path: str | os.PathLike) -> None:

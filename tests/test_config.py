@@ -61,6 +61,18 @@ def test_bad_options_name_the_field(mutate, message):
         ElmoConfig.from_options(options)
 
 
+def test_options_interoperate_with_both_original_readers():
+    """Written: every key, clips as null when unset (AllenNLP indexes cell_clip/proj_clip).
+    Read: n_highway and n_layers are optional as in bilm-tf (absent = 0 and 1)."""
+    cfg = ElmoConfig.preset("tiny").replace(cell_clip=None, proj_clip=None)
+    options = json.loads(json.dumps(cfg.to_options()))
+    assert options["lstm"]["cell_clip"] is None and options["lstm"]["proj_clip"] is None
+    assert ElmoConfig.from_options(options) == cfg
+    del options["char_cnn"]["n_highway"], options["lstm"]["n_layers"]
+    sparse = ElmoConfig.from_options(options)
+    assert sparse.char_cnn.n_highway == 0 and sparse.lstm.n_layers == 1
+
+
 def test_bad_json_file(tmp_path):
     p = tmp_path / "options.json"
     p.write_text("{not json")

@@ -67,3 +67,26 @@ def test_missing_dataset_and_wrong_shape_are_named(tmp_path):
     (tmp_path / "junk.hdf5").write_text("not hdf5")
     with pytest.raises(WeightFileError, match="not a readable HDF5"):
         load_weights(tmp_path / "junk.hdf5", cfg)
+
+
+@pytest.mark.parametrize("mutate, named", [
+    (lambda o: o["lstm"].update(n_layers=1), "RNN_0/RNN/MultiRNNCell/Cell1/LSTMCell/B"),
+    (lambda o: o["char_cnn"].pop("n_highway"), "CNN_high_0/W_carry"),
+    (lambda o: o["char_cnn"].update(filters=o["char_cnn"]["filters"][:-1]), "CNN/W_cnn_3"),
+])
+def test_weights_the_options_leave_out_are_refused_not_dropped(tmp_path, mutate, named):
+    """Options describing fewer layers or filters than the file holds would load and give
+    wrong vectors with no warning; the loader names what the options leave out."""
+    from elmo_jax.errors import ElmoError
+
+    cfg = ElmoConfig.preset("tiny")
+    save_weights(jax.tree.map(np.asarray, init_params(jax.random.key(0), cfg)), cfg, tmp_path / "w.hdf5")
+    options = cfg.to_options()
+    mutate(options)
+    fewer = ElmoConfig.from_options(options)
+    with pytest.raises(ElmoError, match=f"holds {named}.*which options.json does not describe"):
+        load_weights(tmp_path / "w.hdf5", fewer)
+    # Datasets outside the layout (e.g. a softmax someone kept in the file) are ignored.
+    with h5py.File(tmp_path / "w.hdf5", "a") as f:
+        f["softmax/W"] = np.zeros((3, 2), np.float32)
+    load_weights(tmp_path / "w.hdf5", cfg)
