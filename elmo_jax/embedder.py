@@ -29,7 +29,7 @@ input and however many calls::
     n_time_buckets(m) = number of rungs <= rung(m + 2)       (about 2 log2((m + 2) / 8) + 1)
     n_row_buckets(b)  = ceil(log2(b)) + 1                    (1, 2, 4, ..., b)
 
-e.g. sentences up to 60 tokens at ``batch_size=64`` compile at most 6 * 7 = 42 shapes, and
+e.g. sentences up to 60 tokens at ``batch_size=64`` compile at most 7 * 7 = 49 shapes, and
 in practice far fewer (a full batch per bucket plus one partial group).
 ``elmo.compiled_shapes`` lists the shapes compiled so far.  ``stateful=True`` always uses
 ``rows = batch_size`` (the rows of the carried state).
@@ -42,7 +42,8 @@ context-free vectors ``[n_vocab, P]`` (layer 0's first half).  While a cache is 
 uncached words go through the CNN (padded to a power of two >= 16 tokens, so that encoder
 compiles at most ``log2(batch_size * time) - 3`` times per time bucket), and the LSTMs run
 from the token vectors (:func:`elmo_jax.model.bilm.bilm_from_token_vectors`).  The results
-equal the uncached ones to float rounding (<= 1e-6).  Those compilations are listed in
+equal the uncached ones to float rounding (<= 1e-6); calls under another
+``jax.default_matmul_precision`` than the cache was computed under bypass it.  Those compilations are listed in
 ``elmo.compiled_cache_shapes``.  ``save_token_cache`` / ``load_token_cache`` store it as
 HDF5 with one dataset ``embedding`` ``[n_vocab, P]`` (the originals' token-embedding file).
 """
@@ -61,6 +62,7 @@ import numpy as np
 
 from elmo_jax import chars
 from elmo_jax.config import ConfigError, ElmoConfig
+from elmo_jax.data.vocab import read_token_lines
 from elmo_jax.errors import ElmoError
 from elmo_jax.model.bilm import bilm, bilm_from_token_vectors, init_params, marker_vectors
 from elmo_jax.model.encoder import encode_tokens
@@ -77,6 +79,8 @@ MIN_ENCODER_TOKENS = 16
 # Above this many sentences, ``embed(progress=None)`` shows a progress bar.
 PROGRESS_THRESHOLD = 1000
 LAYER_MODES = ("all", "top", "average", "mix")
+# A token cache read from a file is used under any matmul precision.
+_ANY_PRECISION = object()
 
 Sentence = str | Sequence[str]
 
@@ -148,6 +152,7 @@ class Elmo:
         self._cache_words: list[str] | None = None
         self._cache_index: dict[str, int] = {}
         self._cache_vectors: np.ndarray | None = None
+        self._cache_precision: object = _ANY_PRECISION
 
     # -- construction and persistence -------------------------------------------------
     @classmethod
@@ -174,6 +179,11 @@ class Elmo:
             if options_file is not None or weight_file is not None:
                 raise ValueError("give either model_dir or options_file + weight_file, not both")
             model_dir = os.fspath(model_dir)
+            if os.path.isfile(model_dir):
+                raise ElmoError(
+                    f"{model_dir} is a file; Elmo.load takes the model folder "
+                    f"({os.path.dirname(model_dir) or '.'}), or options_file= and weight_file="
+                )
             if not os.path.isdir(model_dir):
                 raise FileNotFoundError(f"model folder not found: {model_dir}")
             options_file = _find_file(model_dir, OPTIONS_FILE, "options", ".json")
@@ -403,7 +413,8 @@ class Elmo:
             if self._state is None:
                 self._state = zero_state(self.config, self.batch_size)
             state = jax.tree.map(lambda s: s[:, :, :n_rows], self._state)
-        if self._cache_vectors is not None:
+        if self._cache_vectors is not None and self._cache_precision in (_ANY_PRECISION,
+                                                                         jax.default_matmul_precision.value):
             e = self._token_vectors(token_lists, n_rows, n_time)
             self.compiled_cache_shapes.add(("lstm", n_rows, n_time))
             layers, new_state = self._forward_vectors(self.params, self.config, e, jnp.asarray(lengths), state,
@@ -435,7 +446,11 @@ class Elmo:
 
         Row ``i`` is the char CNN's vector of ``tokens[i]`` (what layer 0 holds in each
         half).  Later :meth:`embed` calls look these words up instead of running the CNN.
-        Repeated tokens are allowed (the first occurrence is used for look-ups).
+        Repeated tokens are allowed (the first occurrence is used for look-ups).  The
+        vectors belong to the matmul precision they were computed under
+        (``jax.default_matmul_precision``; it matters on GPUs and TPUs): calls under another
+        precision run the char CNN instead, so that their results stay those of that
+        precision.
         """
         words = self._check_vocab(tokens)
         n_chars = self.config.char_cnn.max_characters_per_token
@@ -443,7 +458,7 @@ class Elmo:
         for start in range(0, len(words), batch_size):
             chunk = words[start : start + batch_size]
             vectors[start : start + len(chunk)] = self._encode_words(chunk, n_chars)
-        self._set_cache(words, vectors)
+        self._set_cache(words, vectors, jax.default_matmul_precision.value)
         return vectors
 
     def save_token_cache(self, path: str | os.PathLike) -> None:
@@ -464,15 +479,21 @@ class Elmo:
     def load_token_cache(self, path: str | os.PathLike, vocab: Sequence[str] | str | os.PathLike) -> None:
         """Use a cache file written by :meth:`save_token_cache` (or the originals'
         ``dump_token_embeddings``) whose rows belong to ``vocab``: a list of tokens or a
-        vocabulary file (one token per line, UTF-8)."""
+        vocabulary file (one token per line, UTF-8, read as the originals read it: stripped,
+        ``!!!MAXTERMID`` skipped).  The vectors are used as they are, whatever matmul
+        precision later calls run under."""
         if isinstance(vocab, (str, os.PathLike)):
-            with open(vocab, encoding="utf-8") as f:
-                vocab = [line.rstrip("\n").rstrip("\r") for line in f if line.strip()]
+            vocab = [tok for _, tok in read_token_lines(vocab)]
         words = self._check_vocab(vocab)
         path = os.fspath(path)
         if not os.path.exists(path):
             raise FileNotFoundError(f"token cache file not found: {path}")
-        with h5py.File(path, "r") as f:
+        try:
+            f = h5py.File(path, "r")
+        except OSError as e:
+            raise ElmoError(f"{path} is not a readable HDF5 token cache ({e}); the cache is the .hdf5 "
+                            f"file, the vocabulary the text file") from None
+        with f:
             if "embedding" not in f:
                 raise ElmoError(f"{path} has no dataset 'embedding' (found: {', '.join(f.keys()) or 'nothing'})")
             vectors = np.asarray(f["embedding"][...], np.float32)
@@ -482,11 +503,12 @@ class Elmo:
                 f"{path}: 'embedding' has shape {vectors.shape}, expected {expected} "
                 f"({len(words)} vocabulary words x projection_dim {self.config.projection_dim})"
             )
-        self._set_cache(words, vectors)
+        self._set_cache(words, vectors, _ANY_PRECISION)
 
     def clear_token_cache(self) -> None:
         """Go back to running the char CNN for every token."""
         self._cache_words, self._cache_index, self._cache_vectors = None, {}, None
+        self._cache_precision = _ANY_PRECISION
 
     @staticmethod
     def _check_vocab(tokens: Sequence[str]) -> list[str]:
@@ -500,11 +522,14 @@ class Elmo:
                 raise ValueError(f"vocabulary entries must be non-empty strings, got {w!r}")
         return words
 
-    def _set_cache(self, words: list[str], vectors: np.ndarray) -> None:
+    def _set_cache(self, words: list[str], vectors: np.ndarray, precision: object) -> None:
+        """``precision``: the matmul precision the vectors were computed under (``None`` is
+        JAX's default), or ``_ANY_PRECISION`` for vectors from a file."""
         index: dict[str, int] = {}
         for i, w in enumerate(words):
             index.setdefault(w, i)
         self._cache_words, self._cache_index, self._cache_vectors = words, index, vectors
+        self._cache_precision = precision
 
     def _encode_words(self, words: Sequence[str], n_chars: int) -> np.ndarray:
         n = _encoder_bucket(len(words))

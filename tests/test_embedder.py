@@ -77,6 +77,19 @@ def test_load_errors_name_the_problem(tmp_path):
         Elmo.load(tmp_path / "m2")
     with pytest.raises(TypeError, match="list of sentences"):
         Elmo.random("tiny").embed("a single string")
+    # A file given for the folder; the two files swapped; options.json that is not UTF-8.
+    with pytest.raises(ElmoError, match=r"is a file; Elmo.load takes the model folder \(.*m2\), or options_file="):
+        Elmo.load(tmp_path / "m2" / "weights.hdf5")
+    Elmo.random("tiny").save(tmp_path / "m3")
+    opts, weights = tmp_path / "m3" / "options.json", tmp_path / "m3" / "weights.hdf5"
+    with pytest.raises(ElmoError, match="HDF5 file, not options.json: were the options and weight files swapped"):
+        Elmo.load(options_file=weights, weight_file=opts)
+    text = opts.read_text(encoding="utf-8")
+    opts.write_bytes(text.encode("utf-16"))
+    with pytest.raises(ElmoError, match="is not UTF-8 text .* must be a UTF-8 JSON file"):
+        Elmo.load(tmp_path / "m3")
+    opts.write_bytes(text.encode("utf-8-sig"))  # a byte-order mark is accepted
+    assert Elmo.load(tmp_path / "m3").config == ElmoConfig.preset("tiny")
 
 
 def test_bucket_ladder():
@@ -180,8 +193,52 @@ def test_token_cache_equals_uncached_and_skips_the_cnn(tmp_path):
         np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
     with pytest.raises(ElmoError, match="expected"):
         other.load_token_cache(tmp_path / "cache.hdf5", vocab[:-1])
+    # The vocabulary file is read as the originals read it: a byte-order mark, surrounding
+    # spaces, CRLF and a "!!!MAXTERMID" line do not shift the rows.
+    messy = "\ufeff" + "\r\n".join([vocab[0], "!!!MAXTERMID", *(f" {w} " for w in vocab[1:])]) + "\r\n"
+    (tmp_path / "messy.txt").write_bytes(messy.encode("utf-8"))
+    other.load_token_cache(tmp_path / "cache.hdf5", tmp_path / "messy.txt")
+    assert other.token_cache[0] == vocab
+    # Files given the wrong way round, or not what they should be, are named.
+    with pytest.raises(ElmoError, match="vocab.txt is not a readable HDF5 token cache"):
+        other.load_token_cache(tmp_path / "vocab.txt", tmp_path / "vocab.txt")
+    (tmp_path / "latin1.txt").write_bytes("the\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(ElmoError, match="latin1.txt, line 2: not valid UTF-8"):
+        other.load_token_cache(tmp_path / "cache.hdf5", tmp_path / "latin1.txt")
     other.clear_token_cache()
     assert other.token_cache is None
+
+
+def test_token_cache_is_bypassed_under_another_matmul_precision(tmp_path):
+    """On a GPU/TPU a cache computed under the default (TF32 / bf16-pass) precision must not
+    leak into calls made under ``jax.default_matmul_precision("highest")``; a cache read
+    from a file is used under any precision (its precision is unknown)."""
+    import jax
+
+    elmo = Elmo.random("tiny", seed=2, batch_size=4)
+    calls = []
+    for name in ("_forward", "_forward_vectors"):
+        real = getattr(elmo, name)
+        setattr(elmo, name, lambda *a, _real=real, _name=name, **k: (calls.append(_name), _real(*a, **k))[1])
+    elmo.cache_vocabulary(["the", "bank"])
+    elmo.embed(["the bank"])
+    with jax.default_matmul_precision("highest"):
+        elmo.embed(["the bank"])
+    elmo.embed(["the bank"])
+    assert calls == ["_forward_vectors", "_forward", "_forward_vectors"]
+    calls.clear()
+    elmo.save_token_cache(tmp_path / "c.hdf5")
+    elmo.load_token_cache(tmp_path / "c.hdf5", ["the", "bank"])
+    with jax.default_matmul_precision("highest"):
+        elmo.embed(["the bank"])
+    assert calls == ["_forward_vectors"]
+    # Built under "highest", it serves "highest" calls and is bypassed by default ones.
+    calls.clear()
+    with jax.default_matmul_precision("highest"):
+        elmo.cache_vocabulary(["the", "bank"])
+        elmo.embed(["the bank"])
+    elmo.embed(["the bank"])
+    assert calls == ["_forward_vectors", "_forward"]
 
 
 def test_embed_equals_batch_to_ids_forward():

@@ -30,6 +30,38 @@ SPECIALS = (BOS, EOS, UNK)
 _SKIPPED_LINE = "!!!MAXTERMID"
 
 
+def read_token_lines(path: str | os.PathLike) -> list[tuple[int, str]]:
+    """``(line number, token)`` for each line of a vocabulary file, as the original reads it:
+    UTF-8, one token per line, surrounding whitespace stripped, ``!!!MAXTERMID`` skipped.
+
+    Errors name the file (and line): missing, unreadable, invalid UTF-8, an empty line
+    inside the file, no token at all.
+    """
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            raw_lines = f.read().split(b"\n")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"vocabulary file not found: {path}") from None
+    except OSError as e:
+        raise OSError(f"cannot read vocabulary file {path} ({e.strerror})") from None
+    # Trailing blank lines (the final newline included) carry no token.
+    while raw_lines and not raw_lines[-1].strip():
+        raw_lines.pop()
+    if not raw_lines:
+        raise ValueError(f"vocabulary file {path} is empty")
+    out: list[tuple[int, str]] = []
+    for lineno, raw in enumerate(raw_lines, start=1):
+        tok = decode_line(raw, path, lineno).strip()
+        if not tok:
+            raise ValueError(f"{path}, line {lineno}: empty line inside the vocabulary file")
+        if tok != _SKIPPED_LINE:
+            out.append((lineno, tok))
+    if not out:
+        raise ValueError(f"vocabulary file {path} holds no token")
+    return out
+
+
 class Vocabulary:
     """Tokens in id order with ``<S>``, ``</S>``, ``<UNK>`` somewhere among them.
 
@@ -123,25 +155,9 @@ class Vocabulary:
         an empty file.
         """
         path = os.fspath(path)
-        try:
-            with open(path, "rb") as f:
-                raw_lines = f.read().split(b"\n")
-        except FileNotFoundError:
-            raise FileNotFoundError(f"vocabulary file not found: {path}") from None
-        # Trailing blank lines (the final newline included) carry no token.
-        while raw_lines and not raw_lines[-1].strip():
-            raw_lines.pop()
-        if not raw_lines:
-            raise ValueError(f"vocabulary file {path} is empty")
         tokens: list[str] = []
         first_line: dict[str, int] = {}
-        for lineno, raw in enumerate(raw_lines, start=1):
-            line = decode_line(raw, path, lineno)
-            tok = line.strip()
-            if not tok:
-                raise ValueError(f"{path}, line {lineno}: empty line inside the vocabulary file")
-            if tok == _SKIPPED_LINE:
-                continue
+        for lineno, tok in read_token_lines(path):
             if tok in first_line:
                 raise ValueError(
                     f"{path}, line {lineno}: duplicated token {tok!r} (first on line {first_line[tok]})"
