@@ -8,7 +8,7 @@ import sys
 import time
 
 from elmo_jax.config import COMPUTE_DTYPES
-from elmo_jax.errors import ElmoError
+from elmo_jax.errors import USER_ERRORS
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -54,7 +54,7 @@ def _train(args: argparse.Namespace) -> int:
 
     try:
         code = _train_run(args, cfg)
-    except (ElmoError, ValueError, FileNotFoundError, FileExistsError, TypeError) as e:
+    except USER_ERRORS as e:
         print(f"elmo-jax train (process {jax.process_index()}): error: {e}", file=sys.stderr)
         _exit_now(2)
     except BaseException:
@@ -250,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognised arguments: {' '.join(extra)}")
     try:
         return args.func(args)
-    except (ElmoError, ValueError, FileNotFoundError, FileExistsError, TypeError) as e:
+    except USER_ERRORS as e:
         print(f"elmo-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
 

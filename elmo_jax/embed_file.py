@@ -37,8 +37,11 @@ def read_sentences(path: str | os.PathLike) -> list[str]:
         raise FileNotFoundError(f"input file not found: {path}")
     if os.path.isdir(path):
         raise ElmoError(f"input {path} is a folder, not a text file")
-    with open(path, "rb") as f:
-        data = f.read()
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ElmoError(f"cannot read input file {path} ({e.strerror})") from None
     if not data:
         raise ElmoError(f"input file {path} is empty: expected one sentence per line")
     raw_lines = data.split(b"\n")
@@ -73,7 +76,11 @@ def embed_file(
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"output folder does not exist: {folder}")
     sentences = read_sentences(input_path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(output_path)}.", suffix=".tmp", dir=folder)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(output_path)}.", suffix=".tmp", dir=folder)
+    except OSError as e:
+        raise ElmoError(f"cannot write in the output folder {folder} ({e.strerror}); "
+                        f"choose an output file in a folder you can write to") from None
     os.close(fd)
     n_tokens = 0
     try:

@@ -9,10 +9,18 @@ class TextEncodingError(ElmoError, ValueError):
     """A line of an input file that is not valid UTF-8."""
 
 
+UTF8_BOM = "\ufeff"
+
+
 def decode_line(raw: bytes, path: str, lineno: int) -> str:
-    """``raw`` decoded as UTF-8; otherwise an error naming ``path``, the line and the fix."""
+    """``raw`` decoded as UTF-8; otherwise an error naming ``path``, the line and the fix.
+
+    On line 1 a UTF-8 byte-order mark (which some Windows editors write) is dropped:
+    otherwise it would become part of the first word and silently change its vectors.
+    """
     try:
-        return raw.decode("utf-8")
+        text = raw.decode("utf-8")
+        return text[1:] if lineno == 1 and text.startswith(UTF8_BOM) else text
     except UnicodeDecodeError as e:
         raise TextEncodingError(
             f"{path}, line {lineno}: not valid UTF-8 ({e.reason} at byte {e.start} of the line); "

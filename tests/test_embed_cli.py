@@ -98,6 +98,36 @@ def test_cli_bad_inputs(tmp_path, model_dir, capsys):
         main(["embed", str(src), str(tmp_path / "o3.hdf5"), *m])
 
 
+def test_cli_names_an_unwritable_output_folder_and_an_unreadable_input(tmp_path, model_dir, capsys, monkeypatch):
+    import tempfile
+
+    src = _write(tmp_path / "in.txt", ["x y"])
+
+    def refuse(*a, **k):
+        raise PermissionError(13, "Permission denied")
+
+    with monkeypatch.context() as mp:
+        mp.setattr(tempfile, "mkstemp", refuse)
+        assert main(["embed", str(src), str(tmp_path / "o.hdf5"), "--all", "--model", str(model_dir)]) == 2
+    err = capsys.readouterr().err
+    assert f"cannot write in the output folder {tmp_path} (Permission denied)" in err
+    assert "Traceback" not in err
+    # Any other OSError (here: reading a folder's contents as a file) is one line too.
+    assert main(["embed", "/proc/self/mem", str(tmp_path / "o.hdf5"), "--all", "--model", str(model_dir)]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read input file /proc/self/mem" in err and "Traceback" not in err
+
+
+def test_byte_order_mark_is_not_part_of_the_first_word(tmp_path, elmo):
+    (tmp_path / "bom.txt").write_bytes("\ufeffHello world\r\nsecond line\n".encode("utf-8"))
+    embed_file(elmo, tmp_path / "bom.txt", tmp_path / "out.hdf5", "top", progress=False)
+    with h5py.File(tmp_path / "out.hdf5", "r") as f:
+        index = json.loads(f["sentence_to_index"][0])
+        first = f["0"][...]
+    assert index == {"Hello world": "0", "second line": "1"}
+    np.testing.assert_array_equal(first, elmo.embed(["Hello world"], layers="top")[0])
+
+
 def test_interrupted_write_leaves_no_file(tmp_path, elmo):
     src = _write(tmp_path / "in.txt", ["a b", "c d e"])
 
