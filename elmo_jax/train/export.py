@@ -77,6 +77,10 @@ def export(workdir: str | os.PathLike, out_dir: str | os.PathLike, step: int | N
            overwrite: bool = False) -> dict[str, Any]:
     """Write the frozen model of a checkpoint to ``out_dir`` (see the module docstring)."""
     out_dir = os.path.abspath(os.fspath(out_dir))
+    run = os.path.realpath(os.fspath(workdir))
+    if os.path.commonpath([run, os.path.realpath(out_dir)]) == os.path.realpath(out_dir):
+        raise ElmoError(f"the output folder {out_dir} is or contains the training workdir {run}; "
+                        f"replacing it would delete the run's checkpoints: choose another folder")
     if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
         raise FileExistsError(f"{out_dir} exists and is not empty; pass --overwrite to replace it")
     loaded = load_checkpoint_params(workdir, step)
