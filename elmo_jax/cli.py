@@ -118,11 +118,13 @@ def _eval(args: argparse.Namespace) -> int:
     from elmo_jax.train.loop import evaluate
     from elmo_jax.data.text_source import make_source
 
+    _quiet_data_preparation()
     loaded = load_checkpoint_params(args.workdir, step=args.step)
     data = args.data or loaded.heldout_spec
     if not data:
         raise ValueError("no held-out data: pass --data PATH (one tokenized sentence per line)")
-    source = make_source(data, "test", args.data_dir or os.path.join(loaded.workdir, "tfds"))
+    data_dir = args.data_dir or loaded.train_config.data_dir or os.path.join(loaded.workdir, "tfds")
+    source = make_source(data, "test", data_dir)
     result = evaluate(loaded.params, loaded.model_config, source, loaded.vocab, batch_size=args.batch_size,
                       max_batches=args.max_batches)
     print(f"step {loaded.step}: perplexity {result['perplexity']:.3f} (forward {result['fwd_perplexity']:.3f}, "
@@ -199,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="held-out perplexity of a run's checkpoint (full softmax)")
     ev.add_argument("workdir")
     ev.add_argument("--data", help="held-out text (default: the run's own held-out split)")
-    ev.add_argument("--data-dir", help="where prepared data lives (default WORKDIR/tfds)")
+    ev.add_argument("--data-dir", help="where prepared data lives (default: the run's data_dir, else WORKDIR/tfds)")
     ev.add_argument("--step", type=int, help="checkpoint step (default latest)")
     ev.add_argument("--batch-size", type=int, default=32)
     ev.add_argument("--max-batches", type=int)
