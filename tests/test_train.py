@@ -86,11 +86,26 @@ def test_resume_refuses_a_different_config(tmp_path):
         train(cfg.replace(unroll_steps=6), str(tmp_path / "run"), progress=False)
 
 
-def test_nan_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
-    cfg = _cfg(tmp_path, learning_rate=1e38, initial_accumulator=1e-30, clip_norm=1e38, max_steps=12,
-               checkpoint_every=1, log_every=1)
-    with pytest.raises(TrainingError, match=r"the loss became nan at step (\d+).*last good checkpoint"):
+def test_nan_loss_stops_and_names_only_checkpoints_that_are_good(tmp_path):
+    """The loss at step s comes from the parameters after step s - 1: a checkpoint written at
+    that step already holds diverged parameters (here after one update at a huge rate, while
+    the logged loss of step 1 was finite) and must not be called good."""
+    cfg = _cfg(tmp_path, optimizer="adam", learning_rate=1e30, max_steps=12, checkpoint_every=1, log_every=1)
+    with pytest.raises(TrainingError, match=r"the loss became nan at step 2; stopping without saving \(no good "
+                                            r"checkpoint was written; \S+/checkpoints/1 already holds the diverged"):
         train(cfg, str(tmp_path / "run"), progress=False)
+
+
+def test_which_checkpoints_are_named_good_after_divergence():
+    from elmo_jax.train.loop import _checkpoints_after_divergence
+
+    def path(s):
+        return f"ck/{s}"
+
+    assert _checkpoints_after_divergence([2, 4, 6], 9, path) == "the last good checkpoint is ck/6"
+    text = _checkpoints_after_divergence([4, 6, 7, 8], 8, path)
+    assert text.startswith("the last good checkpoint is ck/6; ck/7, ck/8 already hold the diverged")
+    assert _checkpoints_after_divergence([], 1, path) == "no good checkpoint was written"
 
 
 def test_unwritable_workdir_and_empty_corpus(tmp_path):
@@ -104,14 +119,15 @@ def test_unwritable_workdir_and_empty_corpus(tmp_path):
         train(_cfg(tmp_path, data=str(empty)), str(tmp_path / "run2"), progress=False)
 
 
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+@pytest.mark.parametrize("checkpoint_every", [100000, 1])  # 1: the signal lands on a checkpoint step
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, checkpoint_every):
     workdir = tmp_path / "run"
     corpus = _corpus(tmp_path, n=400)
     cmd = [sys.executable, str(REPO / "train.py"), "--workdir", str(workdir), "--no-progress",
            "--config.model_overrides.dim=16", "--config.model_overrides.projection_dim=8",
            "--config.model_overrides.filters=[[1,8],[2,8]]", f"--config.data={corpus}",
            f"--config.data_dir={tmp_path / 'tfds'}", "--config.batch_size=4", "--config.unroll_steps=5",
-           "--config.epochs=1000", "--config.checkpoint_every=100000", "--config.log_every=1"]
+           "--config.epochs=1000", f"--config.checkpoint_every={checkpoint_every}", "--config.log_every=1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
@@ -156,3 +172,77 @@ def test_eval_command_reports_heldout_perplexity(tmp_path, capsys):
     reported = float(out.split("perplexity ")[1].split()[0])
     assert reported == pytest.approx(summary["eval"]["perplexity"], abs=0.006)  # printed rounded
     assert main(["eval", str(tmp_path / "nowhere")]) == 2
+    # The held-out data was prepared in the run's data_dir, and eval reads it from there.
+    assert not (tmp_path / "run" / "tfds").exists()
+
+
+def test_derived_files_from_an_earlier_start_follow_the_config(tmp_path, capsys):
+    """A start that stopped before its first checkpoint leaves vocab.txt (and the synthetic
+    corpus); a new start with other data or sizes must rebuild them, while a vocab.txt the
+    user put in the workdir is used as given."""
+    import shutil
+
+    from elmo_jax.data.vocab import Vocabulary
+
+    run = tmp_path / "run"
+    train(_cfg(tmp_path, max_steps=1, vocab_size=8), str(run), progress=False)
+    shutil.rmtree(run / "checkpoints")  # as if stopped before the first checkpoint
+    other = _corpus(tmp_path, n=40, name="other.txt", seed=3).replace(".txt", "")  # new words below
+    Path(other + ".txt").write_text("zebra yak xylophone zebra yak\nyak zebra\n" * 20, encoding="utf-8")
+    train(_cfg(tmp_path, max_steps=1, vocab_size=8, data=other + ".txt"), str(run), progress=False)
+    assert "rebuilding:" in capsys.readouterr().out
+    assert {"zebra", "yak", "xylophone"} <= set(Vocabulary.load(run / "vocab.txt").tokens)
+    # With a checkpoint, other data is refused by the config check before anything is rebuilt.
+    with pytest.raises(TrainingError, match="data: checkpoint has"):
+        train(_cfg(tmp_path, max_steps=1, vocab_size=8), str(run), progress=False)
+    # The synthetic corpus likewise follows corpus_size.
+    syn = tmp_path / "syn"
+    small = dict(data="synthetic", heldout=None, vocab_size=50, max_steps=1)
+    train(_cfg(tmp_path, corpus_size=120, **small), str(syn), progress=False)
+    shutil.rmtree(syn / "checkpoints")
+    train(_cfg(tmp_path, corpus_size=150, **small), str(syn), progress=False)
+    assert json.loads((syn / "corpus" / "stats.json").read_text())["n_train_sentences"] == 150
+    # A user's own vocabulary (no vocab_source.json) is kept as it is.
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "vocab.txt").write_text("<S>\n</S>\n<UNK>\nthe\nbank\n", encoding="utf-8")
+    capsys.readouterr()
+    train(_cfg(tmp_path, max_steps=1), str(mine), progress=False)
+    assert "as given" in capsys.readouterr().out
+    assert (mine / "vocab.txt").read_text(encoding="utf-8") == "<S>\n</S>\n<UNK>\nthe\nbank\n"
+
+
+def test_export_refuses_to_replace_the_workdir(tmp_path):
+    from elmo_jax.errors import ElmoError
+    from elmo_jax.train.export import export
+
+    run = tmp_path / "runs" / "a"
+    train(_cfg(tmp_path, max_steps=3), str(run), progress=False)
+    for out in (run, tmp_path / "runs"):
+        with pytest.raises(ElmoError, match="is or contains the training workdir"):
+            export(run, out, overwrite=True)
+    assert (run / "checkpoints" / "3").is_dir()
+    assert export(run, run / "exported")["step"] == 3  # a folder inside the run is fine
+
+
+def test_resume_across_batch_spellings_data_changes_and_metrics_once(tmp_path):
+    """batch_size_per_device -> batch_size with the same global batch resumes; training data
+    that changed under the same path is named; steps lost with a checkpoint appear once in
+    metrics.jsonl after the run is resumed from an earlier checkpoint."""
+    import shutil
+
+    cfg = _cfg(tmp_path, max_steps=3, batch_size_per_device=4)
+    run = tmp_path / "run"
+    train(cfg, str(run), progress=False)
+    summary = train(cfg.replace(batch_size=4, batch_size_per_device=None, max_steps=6), str(run), progress=False)
+    assert summary["start_step"] == 3 and summary["step"] == 6
+    shutil.rmtree(run / "checkpoints" / "6")  # the last part of the run is lost
+    train(cfg.replace(max_steps=6), str(run), progress=False)
+    records = [json.loads(l) for l in open(run / "metrics.jsonl", encoding="utf-8")]
+    steps = [r["step"] for r in records if r["kind"] == "train"]
+    assert steps == [1, 2, 3, 4, 5, 6]
+    with open(cfg.data, "a", encoding="utf-8") as f:
+        f.write("a few more words\n" * 5)
+    with pytest.raises(TrainingError, match="training data changed since .*checkpoints/6 was written: it had 60 "
+                                            "sentences, now 65"):
+        train(cfg.replace(max_steps=9), str(run), progress=False)

@@ -6,6 +6,7 @@
       config.json          the TrainConfig of the run (the first start's)
       options.json         the biLM architecture, released models' spelling
       vocab.txt            the target vocabulary (the original's format)
+      vocab_source.json    what vocab.txt was built for (absent for a vocabulary you supply)
       corpus/              the embedded synthetic corpus, when data == "synthetic"
       checkpoints/<step>/  orbax checkpoints (params, optimizer, LSTM state, data position)
       metrics.jsonl        one JSON object per log line and per evaluation
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import math
 import os
@@ -61,10 +63,13 @@ from elmo_jax.train.parallel import (
 )
 from elmo_jax.train.step import init_train_state, make_optimizer
 
-# Fields that may change when a run is resumed; every other field must match.
+# Fields that may change when a run is resumed; every other field must match.  The two
+# batch fields may be spelled differently (e.g. batch_size_per_device on another device
+# count replaced by batch_size): the global batch they give is checked against the
+# checkpoint's instead (_check_topology).
 RESUMABLE_FIELDS = {
     "epochs", "max_steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every",
-    "parallel", "data_dir", "remat_steps",
+    "parallel", "data_dir", "remat_steps", "batch_size", "batch_size_per_device",
 }
 
 
@@ -90,8 +95,13 @@ PREPARE_ACK_TIMEOUT_S = 30.0
 PREPARE_ACK_GRACE_S = 2.0
 
 
-def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None]) -> RunData:
+def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], may_rebuild: bool = True) -> RunData:
     """Sources and vocabulary; the corpus and the vocabulary are made once (process 0).
+
+    A corpus or vocabulary this package wrote for other settings (an earlier start that
+    stopped before its first checkpoint) is rebuilt when ``may_rebuild`` (no checkpoint
+    depends on it), and refused otherwise; a ``vocab.txt`` the user put in the workdir
+    (no ``vocab_source.json`` describing it) is used as given.
 
     In a multi-process job the other processes wait until process 0 reports that everything
     is written (then they read complete files), or fail with process 0's error message; the
@@ -99,10 +109,10 @@ def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None]) -> 
     process 0 dies (the runtime's coordinator lives in process 0).
     """
     if not distributed.is_multiprocess():
-        return _prepare_data(cfg, workdir, log)
+        return _prepare_data(cfg, workdir, log, may_rebuild)
     if jax.process_index() == 0:
         try:
-            data = _prepare_data(cfg, workdir, log)
+            data = _prepare_data(cfg, workdir, log, may_rebuild)
         except Exception as e:
             distributed.publish("prepare", f"error: {type(e).__name__}: {e}")
             # The runtime's coordinator lives in this process: leaving before the others have
@@ -121,10 +131,10 @@ def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None]) -> 
     if status != "ok":
         distributed.publish(f"prepare_ack/{jax.process_index()}", "seen")
         raise TrainingError(f"process 0 failed to prepare the data: {status.removeprefix('error: ')}")
-    return _prepare_data(cfg, workdir, log)
+    return _prepare_data(cfg, workdir, log, may_rebuild)
 
 
-def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None]) -> RunData:
+def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], may_rebuild: bool) -> RunData:
     process_index = jax.process_index()
     corpus_dir = None
     data_dir = cfg.data_dir or os.path.join(workdir, "tfds")
@@ -132,13 +142,22 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None]) ->
         from elmo_jax.data import synthetic
 
         corpus_dir = os.path.join(workdir, "corpus")
-        if not os.path.exists(os.path.join(corpus_dir, "stats.json")):
+        stats_path = os.path.join(corpus_dir, "stats.json")
+        n_train = cfg.corpus_size or synthetic.DEFAULT_N_TRAIN
+        if process_index == 0 and os.path.exists(stats_path):
+            with open(stats_path, encoding="utf-8") as f:
+                stats = json.load(f)
+            found = {"seed": stats.get("seed"), "corpus_size": stats.get("n_train_sentences")}
+            wanted = {"seed": cfg.seed, "corpus_size": n_train}
+            if found != wanted:
+                _stale(f"{corpus_dir} was generated with {found}, this run asks for {wanted}", may_rebuild, log)
+                os.remove(stats_path)  # write_corpus replaces the folder
+        if not os.path.exists(stats_path):
             if process_index == 0:
-                kwargs = {"n_train": cfg.corpus_size} if cfg.corpus_size else {}
                 log(f"writing the embedded synthetic corpus to {corpus_dir}")
-                synthetic.write_corpus(corpus_dir, seed=cfg.seed, overwrite=True, **kwargs)
+                synthetic.write_corpus(corpus_dir, seed=cfg.seed, overwrite=True, n_train=n_train)
             else:
-                _wait_for(os.path.join(corpus_dir, "stats.json"))
+                _wait_for(stats_path)
         train_spec = os.path.join(corpus_dir, "train.txt")
         heldout_spec = os.path.join(corpus_dir, "heldout.txt")
     else:
@@ -150,17 +169,71 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None]) ->
     if heldout_spec:
         heldout = make_source(heldout_spec, "test", data_dir, process_index=process_index)
     vocab_path = os.path.join(workdir, "vocab.txt")
+    source_path = os.path.join(workdir, VOCAB_SOURCE_FILE)
+    wanted = _vocab_source(cfg)
+    if process_index == 0 and os.path.exists(vocab_path):
+        built = _read_vocab_source(source_path, vocab_path)
+        if built is None:
+            log(f"using the vocabulary in {vocab_path} as given (it was not built by this package)")
+        elif built != wanted:
+            _stale(f"{vocab_path} was built for {built}, this run asks for {wanted}", may_rebuild, log)
+            os.remove(vocab_path)
     if not os.path.exists(vocab_path):
         if process_index == 0:
             log(f"building the vocabulary from {len(train)} training sentences")
             vocab = Vocabulary.build(_iterate(train), max_size=cfg.vocab_size, min_count=cfg.vocab_min_count)
             tmp = vocab_path + ".tmp"
             vocab.save(tmp)
+            _write_json_atomic(source_path, {"built_for": wanted, "sha256": _sha256(tmp)})
             os.replace(tmp, vocab_path)
         else:
             _wait_for(vocab_path)
     vocab = Vocabulary.load(vocab_path)
     return RunData(train, heldout, vocab, corpus_dir)
+
+
+VOCAB_SOURCE_FILE = "vocab_source.json"
+"""Beside a ``vocab.txt`` this package built: the settings it was built for and the file's
+SHA-256, so that a leftover from other settings is rebuilt and a user's own file is not."""
+
+
+def _vocab_source(cfg: TrainConfig) -> dict:
+    """The settings that determine the built vocabulary."""
+    fields = {"data": cfg.data, "vocab_size": cfg.vocab_size, "vocab_min_count": cfg.vocab_min_count}
+    if cfg.data == "synthetic":
+        fields.update(corpus_size=cfg.corpus_size, seed=cfg.seed)
+    return fields
+
+
+def _read_vocab_source(source_path: str, vocab_path: str) -> dict | None:
+    """What ``vocab_path`` was built for, or None if this package did not write it as it is."""
+    if not os.path.exists(source_path):
+        return None
+    with open(source_path, encoding="utf-8") as f:
+        source = json.load(f)
+    return source["built_for"] if source.get("sha256") == _sha256(vocab_path) else None
+
+
+def _stale(what: str, may_rebuild: bool, log: Callable[[str], None]) -> None:
+    """A derived file made for other settings: rebuilt when no checkpoint needs it."""
+    if not may_rebuild:
+        raise TrainingError(f"{what}, and a checkpoint of this workdir was trained with it; "
+                            f"use the run's settings or another --workdir")
+    log(f"rebuilding: {what} (an earlier start that wrote no checkpoint)")
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_json_atomic(path: str, value: Any) -> None:
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(value, f, indent=2)
+    os.replace(path + ".tmp", path)
 
 
 def _heldout_spec(cfg: TrainConfig, data: RunData) -> str | None:
@@ -196,14 +269,16 @@ def _check_topology(meta: dict, path: str, global_batch: int, n_devices: int, lo
     processes = jax.process_count()
     if saved_processes != processes or saved_batch != global_batch:
         devices = f" on {saved_devices} devices" if saved_devices else ""
+        same_batch = (f"--config.batch_size={saved_batch} --config.batch_size_per_device=None"
+                      if saved_batch % n_devices == 0 else
+                      f"a device count that divides {saved_batch} with --config.batch_size={saved_batch}")
         raise TrainingError(
             f"checkpoint {path} was written by {saved_processes} process(es){devices} with a global batch of "
             f"{saved_batch} rows; this run has {processes} process(es) on {n_devices} devices and a global batch "
             f"of {global_batch}. Each process's position in its own share of the data (sentences i % P == p) and "
             f"its rows of the carried LSTM state cannot be mapped onto a different process count or global "
-            f"batch. Resume with {saved_processes} process(es) and the same global batch"
-            + (f" ({saved_devices} devices in all, or set batch_size={saved_batch})" if saved_devices else "")
-            + ", or start a new --workdir (`elmo-jax export` writes this checkpoint's weights)."
+            f"batch. Resume with {saved_processes} process(es) and the same global batch ({same_batch}), "
+            f"or start a new --workdir (`elmo-jax export` writes this checkpoint's weights)."
         )
     if saved_devices is not None and int(saved_devices) != n_devices:
         log(f"note: {path} was written on {saved_devices} devices, this run has {n_devices}; the global batch "
@@ -227,6 +302,20 @@ def _config_differences(saved: dict, current: dict) -> list[str]:
         for k in sorted(set(saved) | set(current))
         if k not in RESUMABLE_FIELDS and saved.get(k) != current.get(k)
     ]
+
+
+def _checkpoints_after_divergence(saved_steps: list[int], bad_step: int, path: Callable[[int], str]) -> str:
+    """Which checkpoints to trust after a non-finite loss at ``bad_step``: that loss was
+    computed from the parameters after step ``bad_step - 1``, so checkpoints from that step
+    on hold diverged parameters (possibly still finite numbers)."""
+    good = sorted(s for s in saved_steps if s < bad_step - 1)
+    bad = sorted(s for s in saved_steps if s >= bad_step - 1)
+    text = f"the last good checkpoint is {path(good[-1])}" if good else "no good checkpoint was written"
+    if bad:
+        one = len(bad) == 1
+        text += (f"; {', '.join(path(s) for s in bad)} already {'holds' if one else 'hold'} the diverged "
+                 f"parameters: delete {'it' if one else 'them'} before resuming, or resuming starts from there")
+    return text
 
 
 class _StopRequest:
@@ -258,16 +347,27 @@ class _StopRequest:
 
 
 class MetricsWriter:
-    """metrics.jsonl + TensorBoard events, process 0 only."""
+    """metrics.jsonl + TensorBoard events, process 0 only.
 
-    def __init__(self, workdir: str, enabled: bool):
+    ``start_step``: the step this run starts from (a checkpoint's, or 0).  Records of later
+    steps left by an earlier start were written by training that no checkpoint kept; they
+    are dropped (from metrics.jsonl, and in TensorBoard with its ``purge_step``) so that
+    every step appears once.
+    """
+
+    def __init__(self, workdir: str, enabled: bool, start_step: int = 0):
         self.enabled = enabled
         self._tb = None
         if enabled:
-            self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+            path = os.path.join(workdir, "metrics.jsonl")
+            earlier = os.path.exists(path)
+            if earlier:
+                _drop_records_after(path, start_step)
+            self._jsonl = open(path, "a", encoding="utf-8")
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
+                                     purge_step=start_step + 1 if earlier else None)
 
     def write(self, step: int, kind: str, values: dict) -> None:
         if not self.enabled:
@@ -284,6 +384,24 @@ class MetricsWriter:
         if self.enabled:
             self._jsonl.close()
             self._tb.close()
+
+
+def _drop_records_after(path: str, step: int) -> None:
+    """Rewrite the metrics file ``path`` (atomically) without the records after ``step``."""
+    with open(path, encoding="utf-8") as f:
+        lines = f.readlines()
+    kept = []
+    for line in lines:
+        try:
+            record_step = json.loads(line)["step"]
+        except (ValueError, KeyError, TypeError):  # a line cut short by a crash: drop it
+            continue
+        if record_step <= step:
+            kept.append(line if line.endswith("\n") else line + "\n")
+    if len(kept) != len(lines):
+        with open(path + ".tmp", "w", encoding="utf-8") as f:
+            f.writelines(kept)
+        os.replace(path + ".tmp", path)
 
 
 def evaluate(params: dict, config: ElmoConfig, source, vocab: Vocabulary, *, batch_size: int = 32,
@@ -355,15 +473,13 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
                 + "\n  ".join(diffs)
                 + "\nuse another --workdir, or the checkpoint's values"
             )
-    data = prepare_data(cfg, workdir, log)
+    data = prepare_data(cfg, workdir, log, may_rebuild=latest is None)
     vocab = data.vocab
     if is_main:
-        for path, write in ((config_path, lambda f: json.dump(cfg.to_dict(), f, indent=2)),
-                            (os.path.join(workdir, "options.json"), lambda f: json.dump(model_config.to_options(), f, indent=2))):
+        for path, value in ((config_path, cfg.to_dict()),
+                            (os.path.join(workdir, "options.json"), model_config.to_options())):
             if not os.path.exists(path) or latest is None:
-                with open(path + ".tmp", "w", encoding="utf-8") as f:
-                    write(f)
-                os.replace(path + ".tmp", path)
+                _write_json_atomic(path, value)
 
     selection = make_loss_fn(len(vocab), cfg.num_negatives)
     log(selection.message)
@@ -400,7 +516,18 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
         train_state = jax.tree.map(local_replica, g_train)
         lstm_state = jax.tree.map(lambda x: local_rows(x, 2), g_lstm)
         del g_train, g_lstm
-        batcher.set_state(_data_state(meta, jax.process_index()))
+        data_state = _data_state(meta, jax.process_index())
+        if data_state.get("num_sentences") != batcher.num_sentences:
+            raise TrainingError(
+                f"the training data changed since {ckpts.path(latest)} was written: it had "
+                f"{data_state.get('num_sentences')} sentences, now {batcher.num_sentences}. "
+                f"The data position cannot be carried over; restore the data the run started with, or "
+                f"start a new --workdir (`elmo-jax export` writes this checkpoint's weights)"
+            )
+        try:
+            batcher.set_state(data_state)
+        except ValueError as e:
+            raise TrainingError(f"cannot continue from {ckpts.path(latest)}: {e}") from None
         start_step = int(meta["step"])
         log(f"resuming from {ckpts.path(latest)} (step {start_step})")
     log(
@@ -412,7 +539,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
     d_train = runner.put_train_state(train_state)
     d_lstm = runner.put_rows(lstm_state, axis=2)
     base_key = jax.random.key(cfg.seed)
-    writer = MetricsWriter(workdir, is_main)
+    writer = MetricsWriter(workdir, is_main, start_step=start_step)
     tokens_per_step = global_batch * cfg.unroll_steps
     summary: dict[str, Any] = {"workdir": workdir, "start_step": start_step}
     pending: list[tuple[int, dict]] = []
@@ -447,9 +574,10 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
         pending.clear()
         for s, m in fetched:
             if not np.isfinite(m["loss"]):
-                where = f"the last good checkpoint is {ckpts.path(last_saved)}" if last_saved is not None else "no checkpoint was written"
+                ckpts.wait()  # an asynchronous save in flight is listed too
                 raise TrainingError(
-                    f"the loss became {m['loss']} at step {s}; stopping without saving ({where}). "
+                    f"the loss became {m['loss']} at step {s}; stopping without saving "
+                    f"({_checkpoints_after_divergence(ckpts.all_steps(), s, ckpts.path)}). "
                     f"Lower the learning rate or clip_norm, or check the data."
                 )
         fwd = sum(m["fwd_loss_sum"] for _, m in fetched) / max(sum(m["fwd_count"] for _, m in fetched), 1)
@@ -509,7 +637,8 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
                 if multiprocess:  # every process must stop (and save) at the same step
                     stopping = step % cfg.log_every == 0 and distributed.any_process(stopping)
                 if stopping:
-                    save(step)
+                    if last_saved != step:  # a checkpoint step has just saved it
+                        save(step)
                     ckpts.wait()
                     reason = stop.signal or "stop requested by another process"
                     log(f"\n{reason}: saved {ckpts.path(step)}; resume with the same command")
