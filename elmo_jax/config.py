@@ -112,7 +112,7 @@ class ElmoConfig:
                 f"{sorted(cnn_fields | lstm_fields)}"
             )
         if "filters" in changes:
-            changes["filters"] = tuple((int(w), int(n)) for w, n in changes["filters"])
+            changes["filters"] = _filter_pairs(changes["filters"], "filters")
         cnn = dataclasses.replace(self.char_cnn, **{k: v for k, v in changes.items() if k in cnn_fields})
         lstm = dataclasses.replace(self.lstm, **{k: v for k, v in changes.items() if k in lstm_fields})
         return ElmoConfig(char_cnn=cnn, lstm=lstm)
@@ -149,13 +149,7 @@ class ElmoConfig:
         lstm = _section(options, "lstm", source)
         cnn = _section(options, "char_cnn", source)
         emb = _section(cnn, "embedding", source, prefix="char_cnn.")
-        filters = _field(cnn, "filters", list, source, "char_cnn.")
-        for f in filters:
-            if not (isinstance(f, (list, tuple)) and len(f) == 2 and all(_is_int(v) for v in f)):
-                raise ConfigError(
-                    f"{source}: char_cnn.filters must be a list of [width, count] integer pairs, "
-                    f"found {f!r}"
-                )
+        filters = _filter_pairs(_field(cnn, "filters", list, source, "char_cnn."), f"{source}: char_cnn.filters")
         n_chars = _field(cnn, "n_characters", int, source, "char_cnn.", default=chars.N_CHARS)
         if n_chars not in (chars.N_RAW_CHARS, chars.N_CHARS):
             raise ConfigError(
@@ -165,7 +159,7 @@ class ElmoConfig:
         return cls(
             char_cnn=CharCNNConfig(
                 embedding_dim=_field(emb, "dim", int, source, "char_cnn.embedding."),
-                filters=tuple((int(w), int(n)) for w, n in filters),
+                filters=filters,
                 # Optional as in the original reader: absent = no highway layer, one LSTM
                 # layer.  load_weights refuses a weight file with layers these leave out.
                 n_highway=_field(cnn, "n_highway", int, source, "char_cnn.", default=0),
@@ -283,6 +277,16 @@ def _section(d: dict, key: str, source: str, prefix: str = "") -> dict:
 
 
 _MISSING = object()
+
+
+def _filter_pairs(filters: Any, where: str) -> tuple[tuple[int, int], ...]:
+    """``filters`` as ``((width, count), ...)``; a ConfigError naming ``where`` otherwise."""
+    if not isinstance(filters, (list, tuple)):
+        raise ConfigError(f"{where} must be a list of [width, count] integer pairs, got {filters!r}")
+    for f in filters:
+        if not (isinstance(f, (list, tuple)) and len(f) == 2 and all(_is_int(v) for v in f)):
+            raise ConfigError(f"{where} must be a list of [width, count] integer pairs, found {f!r}")
+    return tuple((int(w), int(n)) for w, n in filters)
 
 
 def _field(d: dict, key: str, typ: type, source: str, prefix: str, default: Any = _MISSING) -> Any:

@@ -88,6 +88,16 @@ def test_missing_file_is_a_clear_error():
         load_config("no/such/config.py")
 
 
+def test_a_folder_or_a_syntax_error_is_named(tmp_path):
+    (tmp_path / "cfgs").mkdir()
+    with pytest.raises(ConfigError, match="is a folder; give a config file"):
+        load_config(tmp_path / "cfgs")
+    p = tmp_path / "c.py"
+    p.write_text("def get_config(:\n    return {}\n")
+    with pytest.raises(ConfigError, match=r"c\.py, line 1: syntax error"):
+        load_config(p)
+
+
 def test_file_without_get_config(tmp_path):
     p = tmp_path / "c.py"
     p.write_text("X = 1\n")
@@ -136,6 +146,12 @@ def test_invalid_values_in_a_file_name_the_file(tmp_path):
         ({"max_steps": True}, "max_steps must be int or None, got bool"),
         ({"eval_every": -1}, "eval_every must be >= 0"),
         ({"data": ""}, "data must name a corpus source"),
+        ({"data": "lm1b "}, "data 'lm1b ' has surrounding spaces; write 'lm1b'"),
+        ({"learning_rate": float("inf")}, "learning_rate must be finite"),
+        # A whole model_overrides dict (a config file, or a literal) is typed like the dotted form.
+        ({"model_overrides": {"dim": True}}, r"model_overrides.dim must be int, got bool"),
+        ({"model_overrides": {"dim": 64.0}}, r"model_overrides.dim must be int, got float"),
+        ({"model_overrides": {"filters": [[1, 4], [2]]}}, r"filters must be a list of \[width, count\] integer pairs, found \[2\]"),
     ],
 )
 def test_validation_messages(changes, message):

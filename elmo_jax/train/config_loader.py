@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import math
 import importlib.util
 import os
 import sys
@@ -62,7 +63,9 @@ class TrainConfig:
       data: corpus source spec; ``"synthetic"`` is the corpus embedded in the package, ``"lm1b"``
         the 1B Word Benchmark (interpreted by the data module).
       data_dir: where the corpus / TFDS data live (None: the data module's default).
-      heldout: held-out evaluation source (None: the data module's default for ``data``).
+      heldout: held-out evaluation source (None: ``lm1b``'s test split for ``lm1b``, held-out
+        shard 0 for ``lm1b-extracted:ROOT``, the corpus's own for ``synthetic``, none for
+        local text).
       vocab_size: keep the most frequent ``vocab_size`` tokens as softmax targets (None: all).
       vocab_min_count: drop tokens seen fewer times than this from the vocabulary.
       corpus_size: number of training sentences of the synthetic corpus (None: its default).
@@ -182,6 +185,10 @@ def _validate(cfg: TrainConfig) -> None:
 
     if cfg.model not in PRESETS:
         raise ConfigError(f"model {cfg.model!r} is not a preset; choose one of {', '.join(sorted(PRESETS))}")
+    model_hints = _model_hints()
+    for key, value in cfg.model_overrides.items():  # a dict from a config file or a literal
+        if key in model_hints:
+            _check_type(f"model_overrides.{key}", _lists_as_tuples(value), model_hints[key])
     try:
         cfg.elmo_config()
     except (ConfigError, TypeError) as e:
@@ -196,6 +203,10 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"parallel {cfg.parallel!r} is not supported; use one of {', '.join(PARALLEL_MODES)}")
     if not cfg.data:
         raise ConfigError("data must name a corpus source, e.g. 'synthetic' or 'lm1b'")
+    for name in ("data", "heldout"):
+        value = getattr(cfg, name)
+        if value is not None and value != value.strip():
+            raise ConfigError(f"{name} {value!r} has surrounding spaces; write {value.strip()!r}")
 
     at_least = {
         "batch_size": (cfg.batch_size, 1),
@@ -220,10 +231,16 @@ def _validate(cfg: TrainConfig) -> None:
     for name in ("learning_rate", "clip_norm"):
         if not getattr(cfg, name) > 0:
             raise ConfigError(f"{name} must be positive, got {getattr(cfg, name)}")
+    if not math.isfinite(cfg.learning_rate):
+        raise ConfigError(f"learning_rate must be finite, got {cfg.learning_rate}")
     if not cfg.initial_accumulator >= 0:
         raise ConfigError(f"initial_accumulator must be >= 0, got {cfg.initial_accumulator}")
     if not 0.0 <= cfg.dropout < 1.0:
         raise ConfigError(f"dropout must be in [0, 1), got {cfg.dropout}")
+
+
+def _lists_as_tuples(value: Any) -> Any:
+    return tuple(_lists_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else value
 
 
 def _check_type(name: str, value: Any, tp: Any) -> None:
@@ -300,6 +317,8 @@ def resolve_config_path(path: str | os.PathLike) -> Path:
     for c in candidates:
         if c.is_file():
             return c
+    if p.is_dir():
+        raise ConfigError(f"config {os.fspath(path)!r} is a folder; give a config file such as configs/small.py")
     tried = ", ".join(str(c) for c in dict.fromkeys(candidates))
     raise ConfigError(f"config file {os.fspath(path)!r} not found (looked at: {tried})")
 
@@ -316,6 +335,8 @@ def load_config(path: str | os.PathLike) -> TrainConfig:
         spec.loader.exec_module(module)
     except ConfigError as e:
         raise ConfigError(f"{file}: {e}") from None
+    except SyntaxError as e:  # other errors keep their traceback: it points into the file
+        raise ConfigError(f"{file}, line {e.lineno}: syntax error: {e.msg}") from None
     get_config = getattr(module, "get_config", None)
     if not callable(get_config):
         raise ConfigError(f"config file {file} does not define a get_config() function")
