@@ -1,5 +1,6 @@
 """Sentence sources: local text through a TFDS ArrayRecord builder, lm1b, the extracted 1B."""
 
+import json
 import os
 import subprocess
 import sys
@@ -117,6 +118,42 @@ def test_lm1b_extracted_layout(tmp_path):
         ts.lm1b_extracted_files(tmp_path / "elsewhere", "train")
     with pytest.raises(ValueError, match="unknown lm1b split"):
         ts.lm1b_extracted_files(top, "dev")
+    # Without --config.heldout a run on the extracted benchmark evaluates on its usual test file.
+    from elmo_jax.train.loop import default_heldout
+
+    assert default_heldout(f"lm1b-extracted:{tmp_path}") == str(held / "news.en.heldout-00000-of-00050")
+    assert default_heldout("lm1b") == "lm1b" and default_heldout(str(tmp_path / "x.txt")) is None
+
+
+def test_specs_that_look_like_globs_or_lm1b_variants(tmp_path):
+    """A file whose name holds glob characters is read literally; 'lm1b:...' spellings that
+    would silently read another split are refused."""
+    literal = _write(tmp_path / "corpus[2020].txt", b"the literal file\n")
+    _write(tmp_path / "corpus0.txt", b"not me\n")
+    _write(tmp_path / "corpus2.txt", b"nor me\n")
+    assert ts.expand_files(str(literal)) == [str(literal)]
+    assert len(ts.expand_files(str(tmp_path / "corpus[02].txt"))) == 2  # a real glob still globs
+    for spec in ("lm1b:test", "tfds:lm1b/test"):
+        with pytest.raises(ValueError, match="spelled 'lm1b'"):
+            ts.make_source(spec, "train", tmp_path / "tfds")
+
+
+def test_content_id_follows_the_sentences_not_the_paths(tmp_path):
+    a = _write(tmp_path / "a.txt", b"one two\n\nthree\n")
+    (tmp_path / "sub").mkdir()
+    b = _write(tmp_path / "sub" / "a.txt", b"one  two\nthree\n")  # same sentences, other bytes
+    c = _write(tmp_path / "c.txt", b"one two\nfour\n")
+    ids = [ts.LocalTextSource(str(p), tmp_path / "tfds").content_id() for p in (a, b, c)]
+    assert ids[0] == ids[1] != ids[2]
+    assert ids[0] == ts.InMemorySource(["one two", "three"]).content_id()
+    # Data prepared by an older version (no digest in its marker) gets one on first use.
+    src = ts.LocalTextSource(str(a), tmp_path / "tfds")
+    marker = Path(src.builder.data_dir) / "elmo_jax_ready.json"
+    info = json.loads(marker.read_text())
+    del info["content_sha256"]
+    marker.write_text(json.dumps(info))
+    assert ts.LocalTextSource(str(a), tmp_path / "tfds").content_id() == ids[0]
+    assert "content_sha256" in json.loads(marker.read_text())
 
 
 def test_fixture_corpus(tmp_path):

@@ -192,6 +192,11 @@ def test_derived_files_from_an_earlier_start_follow_the_config(tmp_path, capsys)
     train(_cfg(tmp_path, max_steps=1, vocab_size=8, data=other + ".txt"), str(run), progress=False)
     assert "rebuilding:" in capsys.readouterr().out
     assert {"zebra", "yak", "xylophone"} <= set(Vocabulary.load(run / "vocab.txt").tokens)
+    # The same path with other contents counts as other data too.
+    shutil.rmtree(run / "checkpoints")
+    Path(other + ".txt").write_text("walrus vole\nvole walrus walrus\n" * 20, encoding="utf-8")
+    train(_cfg(tmp_path, max_steps=1, vocab_size=8, data=other + ".txt"), str(run), progress=False)
+    assert {"walrus", "vole"} <= set(Vocabulary.load(run / "vocab.txt").tokens)
     # With a checkpoint, other data is refused by the config check before anything is rebuilt.
     with pytest.raises(TrainingError, match="data: checkpoint has"):
         train(_cfg(tmp_path, max_steps=1, vocab_size=8), str(run), progress=False)
@@ -241,8 +246,8 @@ def test_resume_across_batch_spellings_data_changes_and_metrics_once(tmp_path):
     records = [json.loads(l) for l in open(run / "metrics.jsonl", encoding="utf-8")]
     steps = [r["step"] for r in records if r["kind"] == "train"]
     assert steps == [1, 2, 3, 4, 5, 6]
-    with open(cfg.data, "a", encoding="utf-8") as f:
-        f.write("a few more words\n" * 5)
-    with pytest.raises(TrainingError, match="training data changed since .*checkpoints/6 was written: it had 60 "
-                                            "sentences, now 65"):
+    # Same number of sentences, other words: caught by the content, not the count.
+    lines = Path(cfg.data).read_text(encoding="utf-8").splitlines()
+    Path(cfg.data).write_text("\n".join(["zebra yak"] + lines[1:]) + "\n", encoding="utf-8")
+    with pytest.raises(TrainingError, match="training data changed since .*checkpoints/6 was written"):
         train(cfg.replace(max_steps=9), str(run), progress=False)

@@ -76,6 +76,27 @@ class SentenceSource(Protocol):
     def num_tokens(self) -> int: ...
 
 
+class ContentDigest:
+    """SHA-256 of a corpus as the sources give it: each sentence's tokens joined by spaces,
+    one per line.  Tells two corpora apart whatever their paths, sizes or dates."""
+
+    def __init__(self):
+        self._h = hashlib.sha256(b"elmo_jax sentences v1\0")
+
+    def add(self, tokens: Sequence[str]) -> None:
+        self._h.update((" ".join(tokens) + "\n").encode("utf-8", "surrogatepass"))
+
+    def hexdigest(self) -> str:
+        return self._h.hexdigest()
+
+    @classmethod
+    def of(cls, sentences) -> str:
+        digest = cls()
+        for tokens in sentences:
+            digest.add(tokens)
+        return digest.hexdigest()
+
+
 class InMemorySource:
     """Sentences held in memory (token lists or whitespace-separated strings)."""
 
@@ -94,6 +115,10 @@ class InMemorySource:
 
     def num_tokens(self) -> int:
         return self._num_tokens
+
+    def content_id(self) -> str:
+        """Identifies the sentences (see :class:`ContentDigest`)."""
+        return "sha256:" + ContentDigest.of(self._sentences)
 
     def __iter__(self):
         for i in range(len(self)):
@@ -191,6 +216,7 @@ class ElmoLocalText(tfds.core.GeneratorBasedBuilder):
     def _generate_examples(self):
         n_sentences = 0
         n_tokens = 0
+        digest = ContentDigest()
         for path in self.builder_config.files:
             with open(path, "rb") as f:
                 for lineno, raw in enumerate(f, start=1):
@@ -199,13 +225,15 @@ class ElmoLocalText(tfds.core.GeneratorBasedBuilder):
                     if not tokens:
                         continue
                     yield n_sentences, {"text": " ".join(tokens)}
+                    digest.add(tokens)
                     n_sentences += 1
                     n_tokens += len(tokens)
         if n_sentences == 0:
             raise ValueError(
                 "empty corpus: no non-blank line in " + ", ".join(self.builder_config.files)
             )
-        self.elmo_stats = {"num_sentences": n_sentences, "num_tokens": n_tokens}
+        self.elmo_stats = {"num_sentences": n_sentences, "num_tokens": n_tokens,
+                           "content_sha256": digest.hexdigest()}
 
 
 def expand_files(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
@@ -219,7 +247,7 @@ def expand_files(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> l
     files: list[str] = []
     for pat in patterns:
         pat = os.path.expanduser(os.fspath(pat).strip())
-        if globlib.has_magic(pat):
+        if globlib.has_magic(pat) and not os.path.isfile(pat):  # 'corpus[2020].txt' is a file
             matches = sorted(m for m in globlib.glob(pat) if os.path.isfile(m))
             if not matches:
                 raise FileNotFoundError(f"no file matches the glob {pat!r}")
@@ -279,6 +307,10 @@ def prepare_local_text(
 
     if os.path.isfile(marker):
         info = read_marker()
+        if "content_sha256" not in info and process_index == 0:  # prepared by an older version
+            src = _TfdsTextSource(builder.as_data_source(split="train"), config.name)
+            info["content_sha256"] = ContentDigest.of(src)
+            _write_marker(marker, info)
         info["prepared_now"] = False
         return builder, info
     if process_index != 0:
@@ -300,13 +332,17 @@ def prepare_local_text(
     stats = getattr(builder, "elmo_stats", None)
     if stats is None:  # prepared earlier by a run that died before writing its marker
         src = _TfdsTextSource(builder.as_data_source(split="train"), config.name)
-        stats = {"num_sentences": len(src), "num_tokens": src.num_tokens()}
+        stats = {"num_sentences": len(src), "num_tokens": src.num_tokens(), "content_sha256": ContentDigest.of(src)}
     info = {"files": files, **stats}
+    _write_marker(marker, info)
+    return builder, {**info, "prepared_now": True}
+
+
+def _write_marker(marker: str, info: dict) -> None:
     tmp = f"{marker}.tmp{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(info, f, indent=1)
     os.replace(tmp, marker)  # atomic: waiters never see a half-written marker
-    return builder, {**info, "prepared_now": True}
 
 
 class LocalTextSource(_TfdsTextSource):
@@ -333,6 +369,12 @@ class LocalTextSource(_TfdsTextSource):
             num_tokens=info["num_tokens"],
         )
 
+    def content_id(self) -> str:
+        """Identifies the sentences (see :class:`ContentDigest`; computed while preparing)."""
+        if "content_sha256" not in self.info:  # a process > 0 reading an older marker
+            self.info["content_sha256"] = ContentDigest.of(self)
+        return "sha256:" + self.info["content_sha256"]
+
 
 # ---------------------------------------------------------------------------- lm1b
 class Lm1bSource(_TfdsTextSource):
@@ -356,6 +398,7 @@ class Lm1bSource(_TfdsTextSource):
                 "1-billion-word-language-modeling-benchmark-r13output'"
             ) from e
         self.split = split
+        self._version = str(getattr(getattr(ds, "dataset_info", None), "version", ""))
         super().__init__(ds, name=f"lm1b/{split}")
         self._cache_path = None
         try:
@@ -364,6 +407,11 @@ class Lm1bSource(_TfdsTextSource):
                 self._cache_path = os.path.join(folder, f"elmo_jax_num_tokens-{split}.json")
         except Exception:  # noqa: BLE001 - the cache is optional
             self._cache_path = None
+
+    def content_id(self) -> str:
+        """The TFDS dataset, version, split and size (its data is fixed; hashing it would
+        take one pass over 30M sentences)."""
+        return f"tfds:lm1b:{self._version}/{self.split}:{len(self)}"
 
     def num_tokens(self) -> int:
         if self._num_tokens is not None:
@@ -438,8 +486,11 @@ def make_source(
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"empty data spec {spec!r}")
     spec = spec.strip()
-    if spec == "lm1b" or spec.startswith("lm1b:") or spec.startswith("tfds:lm1b"):
+    if spec == "lm1b":
         return Lm1bSource(split=split, data_dir=data_dir)
+    if spec.startswith(("lm1b:", "tfds:")):
+        raise ValueError(f"unknown data spec {spec!r}: TFDS lm1b is spelled 'lm1b' (training reads its "
+                         f"train split, evaluation its test split); see make_source for the others")
     if spec.startswith("lm1b-extracted:"):
         files = lm1b_extracted_files(spec[len("lm1b-extracted:"):], split)
         return LocalTextSource(files, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s)

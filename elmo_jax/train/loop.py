@@ -48,7 +48,7 @@ import numpy as np
 
 from elmo_jax.config import ElmoConfig
 from elmo_jax.data.batches import LMBatcher
-from elmo_jax.data.text_source import make_source
+from elmo_jax.data.text_source import lm1b_extracted_files, make_source
 from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.errors import ElmoError
 from elmo_jax.model.lstm import zero_state
@@ -79,12 +79,14 @@ class TrainingError(ElmoError):
 
 @dataclasses.dataclass
 class RunData:
-    """What the loop reads: sources, vocabulary and (for the synthetic corpus) its folder."""
+    """What the loop reads: sources, vocabulary and (for the synthetic corpus) its folder;
+    ``heldout_spec`` is the held-out source's spec (recorded in checkpoints for eval)."""
 
     train: Any
     heldout: Any | None
     vocab: Vocabulary
     corpus_dir: str | None = None
+    heldout_spec: str | None = None
 
 
 # How long processes > 0 wait for process 0 to prepare the corpus and the vocabulary.
@@ -98,10 +100,11 @@ PREPARE_ACK_GRACE_S = 2.0
 def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], may_rebuild: bool = True) -> RunData:
     """Sources and vocabulary; the corpus and the vocabulary are made once (process 0).
 
-    A corpus or vocabulary this package wrote for other settings (an earlier start that
-    stopped before its first checkpoint) is rebuilt when ``may_rebuild`` (no checkpoint
-    depends on it), and refused otherwise; a ``vocab.txt`` the user put in the workdir
-    (no ``vocab_source.json`` describing it) is used as given.
+    A corpus or vocabulary this package wrote for other settings or other sentences (an
+    earlier start that stopped before its first checkpoint) is rebuilt when ``may_rebuild``
+    (no checkpoint depends on it); with a checkpoint, the config check and :func:`train`'s
+    data check refuse the run instead.  A ``vocab.txt`` the user put in the workdir (no
+    ``vocab_source.json`` describing it) is used as given.
 
     In a multi-process job the other processes wait until process 0 reports that everything
     is written (then they read complete files), or fail with process 0's error message; the
@@ -162,20 +165,20 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
         heldout_spec = os.path.join(corpus_dir, "heldout.txt")
     else:
         train_spec, heldout_spec = cfg.data, cfg.heldout
-        if heldout_spec is None and cfg.data == "lm1b":
-            heldout_spec = "lm1b"
+        if heldout_spec is None:
+            heldout_spec = default_heldout(cfg.data)
     train = make_source(train_spec, "train", data_dir, process_index=process_index)
     heldout = None
     if heldout_spec:
         heldout = make_source(heldout_spec, "test", data_dir, process_index=process_index)
     vocab_path = os.path.join(workdir, "vocab.txt")
     source_path = os.path.join(workdir, VOCAB_SOURCE_FILE)
-    wanted = _vocab_source(cfg)
+    wanted = _vocab_source(cfg, train)
     if process_index == 0 and os.path.exists(vocab_path):
         built = _read_vocab_source(source_path, vocab_path)
         if built is None:
             log(f"using the vocabulary in {vocab_path} as given (it was not built by this package)")
-        elif built != wanted:
+        elif built != wanted and may_rebuild:  # with a checkpoint, train() names what changed
             _stale(f"{vocab_path} was built for {built}, this run asks for {wanted}", may_rebuild, log)
             os.remove(vocab_path)
     if not os.path.exists(vocab_path):
@@ -189,7 +192,17 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
         else:
             _wait_for(vocab_path)
     vocab = Vocabulary.load(vocab_path)
-    return RunData(train, heldout, vocab, corpus_dir)
+    return RunData(train, heldout, vocab, corpus_dir, heldout_spec)
+
+
+def default_heldout(data: str) -> str | None:
+    """The held-out spec used when ``heldout`` is not set: TFDS ``lm1b``'s test split, or for
+    the extracted benchmark its usual test file (held-out shard 0, about 6k sentences)."""
+    if data == "lm1b":
+        return "lm1b"
+    if data.startswith("lm1b-extracted:"):
+        return lm1b_extracted_files(data[len("lm1b-extracted:"):], "heldout0")
+    return None
 
 
 VOCAB_SOURCE_FILE = "vocab_source.json"
@@ -197,12 +210,10 @@ VOCAB_SOURCE_FILE = "vocab_source.json"
 SHA-256, so that a leftover from other settings is rebuilt and a user's own file is not."""
 
 
-def _vocab_source(cfg: TrainConfig) -> dict:
-    """The settings that determine the built vocabulary."""
-    fields = {"data": cfg.data, "vocab_size": cfg.vocab_size, "vocab_min_count": cfg.vocab_min_count}
-    if cfg.data == "synthetic":
-        fields.update(corpus_size=cfg.corpus_size, seed=cfg.seed)
-    return fields
+def _vocab_source(cfg: TrainConfig, train) -> dict:
+    """What determines the built vocabulary: the training sentences and the two sizes."""
+    return {"data": cfg.data, "content": train.content_id(), "vocab_size": cfg.vocab_size,
+            "vocab_min_count": cfg.vocab_min_count}
 
 
 def _read_vocab_source(source_path: str, vocab_path: str) -> dict | None:
@@ -234,12 +245,6 @@ def _write_json_atomic(path: str, value: Any) -> None:
     with open(path + ".tmp", "w", encoding="utf-8") as f:
         json.dump(value, f, indent=2)
     os.replace(path + ".tmp", path)
-
-
-def _heldout_spec(cfg: TrainConfig, data: RunData) -> str | None:
-    if data.corpus_dir is not None:
-        return os.path.join(data.corpus_dir, "heldout.txt")
-    return cfg.heldout or ("lm1b" if cfg.data == "lm1b" else None)
 
 
 def _iterate(source, chunk: int = 4096):
@@ -517,6 +522,14 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
         lstm_state = jax.tree.map(lambda x: local_rows(x, 2), g_lstm)
         del g_train, g_lstm
         data_state = _data_state(meta, jax.process_index())
+        saved_content = meta.get("data_content")  # absent in checkpoints of older versions
+        if saved_content is not None and saved_content != data.train.content_id():
+            raise TrainingError(
+                f"the training data changed since {ckpts.path(latest)} was written (its sentences "
+                f"{saved_content}, now {data.train.content_id()}; a relative --config.data path read "
+                f"from another folder does this too). Restore the data the run started with, or start a "
+                f"new --workdir (`elmo-jax export` writes this checkpoint's weights)"
+            )
         if data_state.get("num_sentences") != batcher.num_sentences:
             raise TrainingError(
                 f"the training data changed since {ckpts.path(latest)} was written: it had "
@@ -563,7 +576,8 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
                                  "vocab_size": len(vocab), "process_count": jax.process_count(),
                                  "device_count": n_devices, "global_batch": global_batch,
                                  "local_batch": local_batch,
-                                 "heldout": _heldout_spec(cfg, data)})
+                                 "heldout": data.heldout_spec,
+                                 "data_content": data.train.content_id()})
         last_saved = step
 
     def flush(step: int) -> dict | None:
