@@ -81,16 +81,55 @@ def init_tagger(key: jax.Array, config: ElmoConfig, n_classes: int, head: str = 
     return params
 
 
+def _head_of(params: dict) -> str:
+    """Which head ``params`` were initialised for (as :func:`init_tagger` names its keys)."""
+    return "mix" if "mix" in params else "components" if "components" in params else "layer:K"
+
+
 def tagger_logits(params: dict, layers_LBTD: jax.Array, head: str) -> jax.Array:
-    """``[L+1, B, T, 2P] -> [B, T, n_classes]``."""
+    """``[L+1, B, T, 2P] -> [B, T, n_classes]``.  Shapes and the head are checked when
+    traced (they are static), values are not (see :func:`check_tagging_data`)."""
     kind, layer = _parse_head(head)
+    if layers_LBTD.ndim != 4:
+        raise ValueError(f"layers must be [L+1, N, T, 2P] (pad_layers(elmo.embed(...)) builds them), "
+                         f"got shape {tuple(layers_LBTD.shape)}")
+    made_for = _head_of(params)
+    if made_for != (kind if kind != "layer" else "layer:K"):
+        raise ValueError(f"params were initialised for head {made_for!r}, not {head!r}: call "
+                         f"init_tagger(..., head={head!r}) for this head")
     if kind == "mix":
         x = heads.scalar_mix(params["mix"], layers_LBTD)
     elif kind == "components":
         x = heads.component_head(params["components"], layers_LBTD)
     else:
+        if not 0 <= layer < layers_LBTD.shape[0]:
+            raise ValueError(f"head {head!r}: layer {layer} does not exist, the layers are "
+                             f"0..{layers_LBTD.shape[0] - 1} (layers are [L+1, N, T, 2P], layers first)")
         x = layers_LBTD[layer]
     return x @ params["classifier"]["w"] + params["classifier"]["b"]
+
+
+def check_tagging_data(params: dict, layers_LNTD, labels_NT, mask_NT) -> None:
+    """Host-side checks of a tagging data set against the head (what the compiled functions
+    cannot see): matching ``[N, T]`` shapes, and a label in ``0..n_classes-1`` for every
+    real token (``pad_labels`` writes -1 where a sentence has fewer tags than tokens)."""
+    layers_shape = tuple(np.shape(layers_LNTD))
+    if len(layers_shape) != 4:
+        raise ValueError(f"layers must be [L+1, N, T, 2P] (pad_layers(elmo.embed(...)) builds them), "
+                         f"got shape {layers_shape}")
+    labels, mask = np.asarray(labels_NT), np.asarray(mask_NT, bool)
+    if labels.shape != layers_shape[1:3] or mask.shape != layers_shape[1:3]:
+        raise ValueError(f"labels {labels.shape} and mask {mask.shape} must both be [N, T] = "
+                         f"{layers_shape[1:3]}, the sentences and steps of layers {layers_shape}")
+    n_classes = int(np.shape(params["classifier"]["b"])[0])
+    bad = mask & ((labels < 0) | (labels >= n_classes))
+    if bad.any():
+        i, t = (int(v) for v in np.argwhere(bad)[0])
+        if labels[i, t] < 0:
+            raise ValueError(f"sentence {i}: token {t} has no label (it has fewer tags than tokens); "
+                             f"give one tag per token")
+        raise ValueError(f"sentence {i}, token {t}: label {int(labels[i, t])} is not a class of this head "
+                         f"(n_classes={n_classes}); init_tagger(..., n_classes) must cover every label")
 
 
 def tagger_loss(params: dict, layers_LBTD: jax.Array, labels_BT: jax.Array, mask_BT: jax.Array,
@@ -126,8 +165,15 @@ def make_train_step(head: str, optimizer: optax.GradientTransformation, penalty:
     if on_the_fly and config is None:
         raise ValueError("on_the_fly=True needs config=elmo.config")
 
+    needed = {"char_ids", "lengths", "labels", "mask"} if on_the_fly else {"layers", "labels", "mask"}
+
     def loss_fn(params, batch, bilm_params):
+        missing = needed - set(batch)
+        if missing:
+            raise ValueError(f"batch lacks {', '.join(sorted(missing))}; this step takes {sorted(needed)}")
         if on_the_fly:
+            if bilm_params is None:
+                raise ValueError("on_the_fly=True: pass the frozen biLM as step(..., bilm_params=elmo.params)")
             layers = frozen_layers(bilm_params, config, batch["char_ids"], batch["lengths"])
         else:
             layers = batch["layers"]
@@ -154,9 +200,12 @@ def train_tagger(params: dict, layers_LNTD: np.ndarray, labels_NT: np.ndarray, m
     """Minibatch training of a head on precomputed layers (sentences sampled with
     replacement, ``steps`` updates).  Returns the trained head and the loss per step."""
     optimizer = optax.adam(1e-2) if optimizer is None else optimizer
-    n = layers_LNTD.shape[1]
+    n = np.shape(layers_LNTD)[1] if np.ndim(layers_LNTD) == 4 else None
     if n == 0:
         raise ValueError("no training sentences")
+    check_tagging_data(params, layers_LNTD, labels_NT, mask_NT)
+    jax.eval_shape(lambda x: tagger_logits(params, x, head),  # the head fits the layers
+                   jax.ShapeDtypeStruct(np.shape(layers_LNTD), jnp.float32))
     step = make_train_step(head, optimizer, penalty)
     opt_state = optimizer.init(params)
     rng = np.random.default_rng(seed)
@@ -174,6 +223,9 @@ def train_tagger(params: dict, layers_LNTD: np.ndarray, labels_NT: np.ndarray, m
 def accuracy(params: dict, layers_LNTD: np.ndarray, labels_NT: np.ndarray, mask_NT: np.ndarray,
              head: str, batch_size: int = 256) -> float:
     """Token accuracy over the real tokens."""
+    if np.ndim(layers_LNTD) == 4 and np.shape(layers_LNTD)[1] == 0:
+        raise ValueError("no sentences to score")
+    check_tagging_data(params, layers_LNTD, labels_NT, mask_NT)
     fn = jax.jit(lambda p, x: jnp.argmax(tagger_logits(p, x, head), -1))
     hits = total = 0
     for s in range(0, layers_LNTD.shape[1], batch_size):
@@ -188,6 +240,9 @@ def pad_layers(vectors: Sequence[np.ndarray], max_len: int | None = None) -> tup
     """``embed(..., layers="all")`` output -> ``(layers [L+1, N, T, 2P], mask [N, T])``."""
     if not vectors:
         raise ValueError("no sentences")
+    if any(np.ndim(v) != 3 for v in vectors):
+        raise ValueError(f"pad_layers takes elmo.embed(..., layers='all') output, [L+1, n, 2P] per sentence; "
+                         f"got an array of shape {np.shape(next(v for v in vectors if np.ndim(v) != 3))}")
     n_layers, _, width = vectors[0].shape
     t = max(max(v.shape[1] for v in vectors), 1) if max_len is None else max_len
     out = np.zeros((n_layers, len(vectors), t, width), np.float32)
@@ -211,4 +266,4 @@ def pad_labels(tags: Sequence[Sequence[str]], index: Mapping[str, int], max_len:
 
 
 __all__ = ["init_tagger", "tagger_logits", "tagger_loss", "frozen_layers", "make_train_step",
-           "train_tagger", "accuracy", "pad_layers", "pad_labels", "TrainResult"]
+           "train_tagger", "accuracy", "pad_layers", "pad_labels", "check_tagging_data", "TrainResult"]

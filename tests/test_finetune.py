@@ -84,6 +84,45 @@ def test_precomputed_training_with_penalty_improves_accuracy(elmo):
         init_tagger(jax.random.key(0), elmo.config, n_classes, "lstm")
 
 
+def test_bad_tagging_data_and_mismatched_heads_are_named(elmo):
+    """Misaligned tags, labels outside the classes, wrong row counts, params of another
+    head, a layer that does not exist and the layers-last layout all fail loudly instead
+    of training on wrong data."""
+    layers, labels, mask, n_classes = _data(elmo)
+    mix = init_tagger(jax.random.key(0), elmo.config, n_classes, "mix")
+    classes = sorted(set(TAGS.values()))
+    short = pad_labels([[TAGS[w] for w in s][:-1] for s in SENTS], {c: i for i, c in enumerate(classes)},
+                       layers.shape[2])  # one tag missing per sentence
+    with pytest.raises(ValueError, match="sentence 0: token 4 has no label .*one tag per token"):
+        train_tagger(mix, layers, short, mask, "mix", steps=1)
+    with pytest.raises(ValueError, match="no label"):
+        accuracy(mix, layers, short, mask, "mix")
+    two_classes = init_tagger(jax.random.key(0), elmo.config, 2, "mix")
+    with pytest.raises(ValueError, match=r"label \d is not a class of this head \(n_classes=2\)"):
+        train_tagger(two_classes, layers, labels, mask, "mix", steps=1)
+    with pytest.raises(ValueError, match=r"must both be \[N, T\]"):
+        train_tagger(mix, layers, labels[:-1], mask[:-1], "mix", steps=1)
+    with pytest.raises(ValueError, match="initialised for head 'mix', not 'components'"):
+        train_tagger(mix, layers, labels, mask, "components", steps=1)
+    probe = init_tagger(jax.random.key(0), elmo.config, n_classes, "layer:0")
+    for head in ("layer:7", "layer:-1"):
+        with pytest.raises(ValueError, match="does not exist"):
+            train_tagger(probe, layers, labels, mask, head, steps=1)
+    swapped = np.swapaxes(layers, 0, 1)  # [N, L+1, T, D], as np.stack of embed() output is
+    with pytest.raises(ValueError, match=r"layers go first"):
+        tagger_loss(mix, swapped, labels[:3], mask[:3], "mix")
+    with pytest.raises(ValueError, match="layers='all'"):
+        pad_layers(elmo.embed(SENTS, layers="top"))
+    step = make_train_step("mix", optax.adam(1e-2), config=elmo.config, on_the_fly=True)
+    ids = batch_to_ids(SENTS, elmo.config.char_cnn.max_characters_per_token)
+    batch = {"char_ids": ids, "lengths": np.array([len(s) for s in SENTS], np.int32), "labels": labels, "mask": mask}
+    with pytest.raises(ValueError, match="bilm_params=elmo.params"):
+        step(mix, optax.adam(1e-2).init(mix), batch)
+    del batch["lengths"]
+    with pytest.raises(ValueError, match="batch lacks lengths"):
+        step(mix, optax.adam(1e-2).init(mix), batch, elmo.params)
+
+
 def test_example_runs_quick(tmp_path, capsys):
     Elmo.random("tiny", seed=0).save(tmp_path / "model")
     spec = importlib.util.spec_from_file_location("finetune_heads", REPO / "examples" / "finetune_heads.py")

@@ -33,8 +33,9 @@ def scalar_mix(
     """``[L, B, T, D] -> [B, T, D]``: the softmax-weighted sum of the layers, times gamma."""
     if layers_LBTD.shape[0] != params["scalars"].shape[0]:
         raise ValueError(
-            f"scalar_mix has {params['scalars'].shape[0]} layer weights but got "
-            f"{layers_LBTD.shape[0]} layers; initialise it with scalar_mix_init({layers_LBTD.shape[0]})"
+            f"scalar_mix has {params['scalars'].shape[0]} layer weights but the layers' first axis has "
+            f"{layers_LBTD.shape[0]}: layers go first ([L+1, B, T, D]; np.stack of embed() output is "
+            f"[B, L+1, T, D]), and the weights must come from scalar_mix_init(L+1) of the same model"
         )
     weights_L = jax.nn.softmax(params["scalars"])
     if layer_norm:
@@ -80,6 +81,7 @@ def component_head(params: dict, layers_LBTD: jax.Array) -> jax.Array:
     if x.shape[-1] != params["w"].shape[0]:
         raise ValueError(
             f"component_head expects {params['w'].shape[0]} input features, the layers give "
-            f"{x.shape[-1]}; initialise it with the same ElmoConfig as the model"
+            f"{x.shape[-1]}: layers go first ([L+1, B, T, 2P]; np.stack of embed() output is "
+            f"[B, L+1, T, 2P]), and the head must be initialised with the model's ElmoConfig"
         )
     return x @ params["w"]
