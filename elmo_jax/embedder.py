@@ -377,6 +377,9 @@ class Elmo:
                 "(elmo_jax.model.heads.scalar_mix_init or a trained head)"
             )
         n = self.config.n_output_layers
+        if "scalars" not in mix_params and isinstance(mix_params.get("mix"), dict):
+            raise ValueError('mix_params takes the ScalarMix itself: pass result.params["mix"] of a '
+                             'trained tagger, not the whole head')
         scalars = np.asarray(mix_params.get("scalars"), np.float32)
         if scalars.shape != (n,):
             raise ValueError(f"mix_params['scalars'] must have shape ({n},), got {scalars.shape}")

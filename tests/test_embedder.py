@@ -143,6 +143,8 @@ def test_layer_modes_and_sentence_vectors(tiny):
         tiny.embed(sents, layers="mix")
     with pytest.raises(ValueError, match="shape"):
         tiny.embed(sents, layers="mix", mix_params={"scalars": np.zeros(2), "gamma": 1.0})
+    with pytest.raises(ValueError, match=r'pass result.params\["mix"\]'):
+        tiny.embed(sents, layers="mix", mix_params={"mix": mix_params, "classifier": {}})
     with pytest.raises(ValueError, match="layers must be one of"):
         tiny.embed(sents, layers="bottom")
 
