@@ -81,6 +81,11 @@ def init_tagger(key: jax.Array, config: ElmoConfig, n_classes: int, head: str = 
     return params
 
 
+def _layout_error(shape) -> ValueError:
+    return ValueError(f"layers must be [L+1, N, T, 2P] (pad_layers(elmo.embed(...)) builds them), "
+                      f"got shape {tuple(shape)}")
+
+
 def _head_of(params: dict) -> str:
     """Which head ``params`` were initialised for (as :func:`init_tagger` names its keys)."""
     return "mix" if "mix" in params else "components" if "components" in params else "layer:K"
@@ -91,8 +96,7 @@ def tagger_logits(params: dict, layers_LBTD: jax.Array, head: str) -> jax.Array:
     traced (they are static), values are not (see :func:`check_tagging_data`)."""
     kind, layer = _parse_head(head)
     if layers_LBTD.ndim != 4:
-        raise ValueError(f"layers must be [L+1, N, T, 2P] (pad_layers(elmo.embed(...)) builds them), "
-                         f"got shape {tuple(layers_LBTD.shape)}")
+        raise _layout_error(layers_LBTD.shape)
     made_for = _head_of(params)
     if made_for != (kind if kind != "layer" else "layer:K"):
         raise ValueError(f"params were initialised for head {made_for!r}, not {head!r}: call "
@@ -115,8 +119,7 @@ def check_tagging_data(params: dict, layers_LNTD, labels_NT, mask_NT) -> None:
     real token (``pad_labels`` writes -1 where a sentence has fewer tags than tokens)."""
     layers_shape = tuple(np.shape(layers_LNTD))
     if len(layers_shape) != 4:
-        raise ValueError(f"layers must be [L+1, N, T, 2P] (pad_layers(elmo.embed(...)) builds them), "
-                         f"got shape {layers_shape}")
+        raise _layout_error(layers_shape)
     labels, mask = np.asarray(labels_NT), np.asarray(mask_NT, bool)
     if labels.shape != layers_shape[1:3] or mask.shape != layers_shape[1:3]:
         raise ValueError(f"labels {labels.shape} and mask {mask.shape} must both be [N, T] = "

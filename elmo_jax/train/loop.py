@@ -480,6 +480,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
             )
     data = prepare_data(cfg, workdir, log, may_rebuild=latest is None)
     vocab = data.vocab
+    data_content = data.train.content_id()
     if is_main:
         for path, value in ((config_path, cfg.to_dict()),
                             (os.path.join(workdir, "options.json"), model_config.to_options())):
@@ -523,10 +524,10 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
         del g_train, g_lstm
         data_state = _data_state(meta, jax.process_index())
         saved_content = meta.get("data_content")  # absent in checkpoints of older versions
-        if saved_content is not None and saved_content != data.train.content_id():
+        if saved_content is not None and saved_content != data_content:
             raise TrainingError(
                 f"the training data changed since {ckpts.path(latest)} was written (its sentences "
-                f"{saved_content}, now {data.train.content_id()}; a relative --config.data path read "
+                f"{saved_content}, now {data_content}; a relative --config.data path read "
                 f"from another folder does this too). Restore the data the run started with, or start a "
                 f"new --workdir (`elmo-jax export` writes this checkpoint's weights)"
             )
@@ -577,7 +578,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
                                  "device_count": n_devices, "global_batch": global_batch,
                                  "local_batch": local_batch,
                                  "heldout": data.heldout_spec,
-                                 "data_content": data.train.content_id()})
+                                 "data_content": data_content})
         last_saved = step
 
     def flush(step: int) -> dict | None:
