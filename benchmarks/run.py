@@ -41,6 +41,12 @@ from elmo_jax.config import ConfigError, ElmoConfig  # noqa: E402  (pure Python,
 
 EMBED_SHAPES = [(16, 20), (16, 60), (64, 20), (64, 60), (1, 20)]  # (batch, sentence length)
 SUBPROCESS_TIMEOUT_S = 1200
+# Cap on the repetitions of the matmul-peak and weight-streaming measurements: both run for
+# at least 2 s, and on a GPU one repetition takes well under a millisecond (50, the old cap,
+# stopped the bandwidth measurement after 12-25 ms on the H200).
+MAX_REPS = "5000"
+# What each round of a multi-round row keeps (``--rounds``).
+ROUND_FIELDS = ("tokens_per_s", "median_s", "times", "load1_before", "load1_after")
 
 
 def log(msg: str) -> None:
@@ -211,12 +217,12 @@ class Suite:
     def matmul(self) -> None:
         n = 2048 if self.results["device"]["platform"] == "cpu" else 8192
         log(f"fp32 matmul {n}x{n} @ {n}x{n} ...")
-        m = self.ours("matmul", "--n", str(n), "--min-reps", "10", "--min-time", "2", "--max-reps", "50")
+        m = self.ours("matmul", "--n", str(n), "--min-reps", "10", "--min-time", "2", "--max-reps", MAX_REPS)
         self.results["matmul"] = m
         if "error" in m:
             raise SystemExit(f"matmul failed: {m['error']}")
         log(f"  {m['gflops']:.1f} GFLOP/s (median), best {m['best_gflops']:.1f}")
-        bw = self.ours("membw", "--n", "512", "--min-reps", "10", "--min-time", "2", "--max-reps", "50")
+        bw = self.ours("membw", "--n", "512", "--min-reps", "10", "--min-time", "2", "--max-reps", MAX_REPS)
         self.results["membw"] = bw
         if "gb_per_s" in bw:
             log(f"  weight-streaming bandwidth (1-row x @ W, W 512 MiB f32): {bw['gb_per_s']:.1f} GB/s; "
@@ -311,8 +317,13 @@ class Suite:
             ok = [g for g in runs if "tokens_per_s" in g]
             row[side] = dict(runs[0])
             if len(ok) > 1:
+                # Every round's timings are kept; the top-level figures are medians over the
+                # rounds (tokens / median_s == tokens_per_s for an odd number of rounds).
+                row[side]["rounds"] = [{k: g.get(k) for k in ROUND_FIELDS} for g in ok]
                 row[side]["round_tokens_per_s"] = [g["tokens_per_s"] for g in ok]
                 row[side]["tokens_per_s"] = statistics.median(row[side]["round_tokens_per_s"])
+                row[side]["median_s"] = statistics.median(g["median_s"] for g in ok)
+                del row[side]["times"]  # round 1's only; each round's are under "rounds"
         ratios = [g["ours"]["tokens_per_s"] / g["peer"]["tokens_per_s"] for g in rounds
                   if "tokens_per_s" in g.get("ours", {}) and "tokens_per_s" in g.get("peer", {})]
         if ratios:
@@ -622,14 +633,29 @@ def main() -> None:
     p.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (weights, sentences)")
     p.add_argument("--out", default="benchmark_results.json")
     args = p.parse_args()
-    if args.rounds < 1:
-        p.error(f"--rounds must be at least 1, got {args.rounds}")
+    for option, value, low in (("--rounds", args.rounds, 1), ("--train-batch", args.train_batch, 1),
+                               ("--negatives", args.negatives, 1), ("--vocab", args.vocab, 4),
+                               ("--memory-remat", args.memory_remat, 1)):
+        if value < low:
+            p.error(f"{option} must be at least {low}, got {value}")
 
-    suite = Suite(args)
-    ep = args.presets or ("small" if args.quick else "small,medium,original")
-    suite.presets = [] if ep == "none" else ep.split(",")
-    tp = args.train_presets or ("small" if args.quick else "small,original")
-    suite.train_presets = [] if tp == "none" else tp.split(",")
+    if args.vocab <= args.negatives:
+        p.error(f"--vocab {args.vocab} must exceed --negatives {args.negatives}: the training rows measure "
+                f"(and count the FLOPs of) a sampled softmax, which the loss replaces by the full softmax "
+                f"when the vocabulary is not larger than the negatives")
+
+    def parse_list(option: str, value: str | None, default: str) -> list[str]:
+        value = default if value is None else value
+        if value == "none":
+            return []
+        items = [v.strip() for v in value.split(",")]
+        if not all(items):
+            p.error(f"{option} {value!r} has an empty entry; name presets separated by commas, or 'none'")
+        return items
+
+    presets = parse_list("--presets", args.presets, "small" if args.quick else "small,medium,original")
+    train_presets = parse_list("--train-presets", args.train_presets, "small" if args.quick else "small,original")
+
     def parse_shapes(option: str, value: str) -> list[tuple[int, int]]:
         if value == "none":
             return []
@@ -642,31 +668,37 @@ def main() -> None:
             shapes.append((int(parts[0]), int(parts[1])))
         return shapes
 
-    for name in {*suite.presets, *suite.train_presets, args.memory_preset}:
+    for name in {*presets, *train_presets, args.memory_preset}:
         try:
             ElmoConfig.preset(name)
         except ConfigError as e:
             p.error(str(e))
-    suite.shapes = parse_shapes("--shapes", args.shapes) if args.shapes else EMBED_SHAPES
-    if not suite.shapes and suite.presets:
+    shapes = parse_shapes("--shapes", args.shapes) if args.shapes else EMBED_SHAPES
+    if not shapes and presets:
         p.error("--shapes none leaves the embedding presets nothing to measure; pass --presets none instead")
-    suite.bf16_shapes = parse_shapes("--bf16-shapes", args.bf16_shapes)
-    suite.highest_shapes = None if args.highest_shapes == "auto" else parse_shapes("--highest-shapes",
-                                                                                   args.highest_shapes)
-    suite.memory_lengths = [] if args.memory_lengths == "none" or args.quick else [
-        int(x) for x in args.memory_lengths.split(",")]
+    bf16_shapes = parse_shapes("--bf16-shapes", args.bf16_shapes)
+    highest_shapes = None if args.highest_shapes == "auto" else parse_shapes("--highest-shapes", args.highest_shapes)
+    memory_lengths = []
+    if args.memory_lengths != "none" and not args.quick:
+        items = [x.strip() for x in args.memory_lengths.split(",")]
+        if not all(x.isdigit() and int(x) > 0 for x in items):
+            p.error(f"--memory-lengths {args.memory_lengths!r}: give positive integers separated by commas, or 'none'")
+        memory_lengths = [int(x) for x in items]
     # Fail now, not after half an hour of measuring: the output folder is created and the
     # file opened for writing before anything runs.
-    out_dir = os.path.dirname(os.path.abspath(args.out))
-    os.makedirs(out_dir, exist_ok=True)
     existed = os.path.exists(args.out)
     try:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "a"):
             pass
         if not existed:  # no empty results file left behind if the run stops early
             os.remove(args.out)
     except OSError as e:
-        raise SystemExit(f"cannot write the results file {args.out}: {e}; pass a writable --out path")
+        p.error(f"cannot write the results file {args.out}: {e}; pass a writable --out path")
+
+    suite = Suite(args)  # makes the temp dir: only after every option is checked
+    suite.presets, suite.train_presets, suite.shapes = presets, train_presets, shapes
+    suite.bf16_shapes, suite.highest_shapes, suite.memory_lengths = bf16_shapes, highest_shapes, memory_lengths
     t0 = time.perf_counter()
     try:
         suite.setup()
