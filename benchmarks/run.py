@@ -23,6 +23,7 @@ import json
 import shutil
 import os
 import platform
+import signal
 import statistics
 import subprocess
 import sys
@@ -696,6 +697,10 @@ def main() -> None:
     except OSError as e:
         p.error(f"cannot write the results file {args.out}: {e}; pass a writable --out path")
 
+    # `timeout` (accelerator.sh) stops a stage with SIGTERM: exit through the `finally`
+    # below, so the temp dir (up to ~0.5 GB of weights) goes too; rows already measured
+    # are in OUT.partial.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     suite = Suite(args)  # makes the temp dir: only after every option is checked
     suite.presets, suite.train_presets, suite.shapes = presets, train_presets, shapes
     suite.bf16_shapes, suite.highest_shapes, suite.memory_lengths = bf16_shapes, highest_shapes, memory_lengths
