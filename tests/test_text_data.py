@@ -133,6 +133,9 @@ def test_specs_that_look_like_globs_or_lm1b_variants(tmp_path):
     _write(tmp_path / "corpus2.txt", b"nor me\n")
     assert ts.expand_files(str(literal)) == [str(literal)]
     assert len(ts.expand_files(str(tmp_path / "corpus[02].txt"))) == 2  # a real glob still globs
+    comma = _write(tmp_path / "a,b.txt", b"x\n")
+    assert ts.expand_files(str(comma)) == [str(comma)]
+    assert len(ts.expand_files(f"{tmp_path / 'corpus0.txt'},{tmp_path / 'corpus2.txt'}")) == 2
     for spec in ("lm1b:test", "tfds:lm1b/test"):
         with pytest.raises(ValueError, match="spelled 'lm1b'"):
             ts.make_source(spec, "train", tmp_path / "tfds")

@@ -239,11 +239,14 @@ class ElmoLocalText(tfds.core.GeneratorBasedBuilder):
 def expand_files(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
     """Files named by paths and/or globs (each glob sorted), absolute, duplicates dropped.
 
-    A comma-separated string is split.  A missing file, a glob that matches nothing, a
-    directory, or no file at all gives a ``FileNotFoundError`` saying which.
+    A comma-separated string is split, unless it names an existing file; an existing file
+    whose name looks like a glob is taken as it is.  A missing file, a glob that matches
+    nothing, a directory, or no file at all gives a ``FileNotFoundError`` saying which.
     """
     if isinstance(patterns, (str, os.PathLike)):
-        patterns = [p for p in os.fspath(patterns).split(",") if p.strip()]
+        whole = os.path.expanduser(os.fspath(patterns).strip())
+        # An existing file is one path even if its name holds a comma.
+        patterns = [whole] if os.path.isfile(whole) else [p for p in os.fspath(patterns).split(",") if p.strip()]
     files: list[str] = []
     for pat in patterns:
         pat = os.path.expanduser(os.fspath(pat).strip())
