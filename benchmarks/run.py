@@ -316,7 +316,9 @@ class Suite:
             if not runs:
                 continue
             ok = [g for g in runs if "tokens_per_s" in g]
-            row[side] = dict(runs[0])
+            row[side] = dict(ok[0] if ok else runs[0])  # a failed round 1 must not hide the others
+            if ok and len(ok) < len(runs):
+                row[side]["failed_rounds"] = [g.get("error") for g in runs if "tokens_per_s" not in g]
             if len(ok) > 1:
                 # Every round's timings are kept; the top-level figures are medians over the
                 # rounds (tokens / median_s == tokens_per_s for an odd number of rounds).
@@ -324,7 +326,7 @@ class Suite:
                 row[side]["round_tokens_per_s"] = [g["tokens_per_s"] for g in ok]
                 row[side]["tokens_per_s"] = statistics.median(row[side]["round_tokens_per_s"])
                 row[side]["median_s"] = statistics.median(g["median_s"] for g in ok)
-                del row[side]["times"]  # round 1's only; each round's are under "rounds"
+                row[side].pop("times", None)  # one round's only; each round's are under "rounds"
         ratios = [g["ours"]["tokens_per_s"] / g["peer"]["tokens_per_s"] for g in rounds
                   if "tokens_per_s" in g.get("ours", {}) and "tokens_per_s" in g.get("peer", {})]
         if ratios:

@@ -32,3 +32,27 @@ def test_accelerator_script_refuses_a_bad_stage_limit(value, tmp_path):
     assert proc.returncode == 2
     assert f"TRAIN_TIMEOUT={value} is not a whole number of seconds >= 1" in proc.stderr
     assert not (tmp_path / "out").exists()  # stopped before any stage
+
+
+def test_a_failed_first_round_keeps_the_rounds_that_worked():
+    """With --rounds, a round whose worker failed (e.g. timed out) must not take the row down."""
+    import argparse
+
+    saved = list(sys.path)
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    try:
+        import run as bench  # it puts its own folders on sys.path too
+    finally:
+        sys.path[:] = saved
+    suite = bench.Suite.__new__(bench.Suite)
+    suite.args = argparse.Namespace(rounds=3, no_e2e=True)
+    suite.reps, suite.peer_ok, suite.peer_device = [], True, "cpu"
+    ours = iter([{"error": "timed out"}, {"tokens_per_s": 100.0, "median_s": 0.2, "times": [0.2]},
+                 {"tokens_per_s": 120.0, "median_s": 0.1667, "times": [0.1667]}])
+    suite.ours = lambda *a: next(ours)
+    suite.peer = lambda *a: {"tokens_per_s": 50.0, "median_s": 0.4, "times": [0.4]}
+    row = {}
+    suite._ours_and_peer(row, [], [])
+    assert row["ours"]["tokens_per_s"] == 110.0 and "error" not in row["ours"]
+    assert row["ours"]["failed_rounds"] == ["timed out"] and len(row["ours"]["rounds"]) == 2
+    assert row["round_ratios"] == [2.0, 2.4]
