@@ -95,7 +95,7 @@ def tagger_logits(params: dict, layers_LBTD: jax.Array, head: str) -> jax.Array:
     """``[L+1, B, T, 2P] -> [B, T, n_classes]``.  Shapes and the head are checked when
     traced (they are static), values are not (see :func:`check_tagging_data`)."""
     kind, layer = _parse_head(head)
-    if layers_LBTD.ndim != 4:
+    if layers_LBTD.ndim < 3:  # [L+1, ..., 2P]: one sentence [L+1, T, 2P] works for all but "mix"
         raise _layout_error(layers_LBTD.shape)
     made_for = _head_of(params)
     if made_for != (kind if kind != "layer" else "layer:K"):

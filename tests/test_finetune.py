@@ -105,6 +105,9 @@ def test_bad_tagging_data_and_mismatched_heads_are_named(elmo):
     with pytest.raises(ValueError, match="initialised for head 'mix', not 'components'"):
         train_tagger(mix, layers, labels, mask, "components", steps=1)
     probe = init_tagger(jax.random.key(0), elmo.config, n_classes, "layer:0")
+    from elmo_jax.finetune import tagger_logits
+
+    assert tagger_logits(probe, layers[:, 0], "layer:1").shape == (layers.shape[2], n_classes)  # one sentence
     for head in ("layer:7", "layer:-1"):
         with pytest.raises(ValueError, match="does not exist"):
             train_tagger(probe, layers, labels, mask, head, steps=1)

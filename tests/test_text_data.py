@@ -123,6 +123,8 @@ def test_lm1b_extracted_layout(tmp_path):
 
     assert default_heldout(f"lm1b-extracted:{tmp_path}") == str(held / "news.en.heldout-00000-of-00050")
     assert default_heldout("lm1b") == "lm1b" and default_heldout(str(tmp_path / "x.txt")) is None
+    (held / "news.en.heldout-00000-of-00050").unlink()  # only the training files extracted
+    assert default_heldout(f"lm1b-extracted:{tmp_path}") is None
 
 
 def test_specs_that_look_like_globs_or_lm1b_variants(tmp_path):
@@ -149,12 +151,24 @@ def test_content_id_follows_the_sentences_not_the_paths(tmp_path):
     ids = [ts.LocalTextSource(str(p), tmp_path / "tfds").content_id() for p in (a, b, c)]
     assert ids[0] == ids[1] != ids[2]
     assert ids[0] == ts.InMemorySource(["one two", "three"]).content_id()
-    # Data prepared by an older version (no digest in its marker) gets one on first use.
+    # Data prepared by an older version (no digest in its marker) gets one on first use,
+    # kept in the marker when its folder is writable and in memory when it is not.
     src = ts.LocalTextSource(str(a), tmp_path / "tfds")
     marker = Path(src.builder.data_dir) / "elmo_jax_ready.json"
     info = json.loads(marker.read_text())
     del info["content_sha256"]
     marker.write_text(json.dumps(info))
+
+    def read_only(*args):
+        raise OSError(30, "Read-only file system")
+
+    real = ts._write_marker
+    ts._write_marker = read_only
+    try:
+        assert ts.LocalTextSource(str(a), tmp_path / "tfds").content_id() == ids[0]
+    finally:
+        ts._write_marker = real
+    assert "content_sha256" not in json.loads(marker.read_text())
     assert ts.LocalTextSource(str(a), tmp_path / "tfds").content_id() == ids[0]
     assert "content_sha256" in json.loads(marker.read_text())
 

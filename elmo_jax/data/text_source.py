@@ -310,10 +310,6 @@ def prepare_local_text(
 
     if os.path.isfile(marker):
         info = read_marker()
-        if "content_sha256" not in info and process_index == 0:  # prepared by an older version
-            src = _TfdsTextSource(builder.as_data_source(split="train"), config.name)
-            info["content_sha256"] = ContentDigest.of(src)
-            _write_marker(marker, info)
         info["prepared_now"] = False
         return builder, info
     if process_index != 0:
@@ -374,8 +370,13 @@ class LocalTextSource(_TfdsTextSource):
 
     def content_id(self) -> str:
         """Identifies the sentences (see :class:`ContentDigest`; computed while preparing)."""
-        if "content_sha256" not in self.info:  # a process > 0 reading an older marker
+        if "content_sha256" not in self.info:  # prepared by an older version: one pass, once
             self.info["content_sha256"] = ContentDigest.of(self)
+            marker = os.path.join(self.builder.data_dir, _READY_MARKER)
+            try:  # best effort: prepared data may live in a read-only folder
+                _write_marker(marker, {k: v for k, v in self.info.items() if k != "prepared_now"})
+            except OSError:
+                pass
         return "sha256:" + self.info["content_sha256"]
 
 
@@ -489,7 +490,7 @@ def make_source(
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"empty data spec {spec!r}")
     spec = spec.strip()
-    if spec == "lm1b":
+    if spec in ("lm1b", "tfds:lm1b"):  # the second: an older spelling, kept for runs that used it
         return Lm1bSource(split=split, data_dir=data_dir)
     if spec.startswith(("lm1b:", "tfds:")):
         raise ValueError(f"unknown data spec {spec!r}: TFDS lm1b is spelled 'lm1b' (training reads its "

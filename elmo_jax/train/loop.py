@@ -171,6 +171,8 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
     heldout = None
     if heldout_spec:
         heldout = make_source(heldout_spec, "test", data_dir, process_index=process_index)
+    else:
+        log("no held-out set: no evaluation (set --config.heldout to a text file to evaluate)")
     vocab_path = os.path.join(workdir, "vocab.txt")
     source_path = os.path.join(workdir, VOCAB_SOURCE_FILE)
     wanted = _vocab_source(cfg, train)
@@ -201,7 +203,10 @@ def default_heldout(data: str) -> str | None:
     if data == "lm1b":
         return "lm1b"
     if data.startswith("lm1b-extracted:"):
-        return lm1b_extracted_files(data[len("lm1b-extracted:"):], "heldout0")
+        try:
+            return lm1b_extracted_files(data[len("lm1b-extracted:"):], "heldout0")
+        except FileNotFoundError:  # only the training files were extracted
+            return None
     return None
 
 
