@@ -207,6 +207,10 @@ def test_derived_files_from_an_earlier_start_follow_the_config(tmp_path, capsys)
     shutil.rmtree(syn / "checkpoints")
     train(_cfg(tmp_path, corpus_size=150, **small), str(syn), progress=False)
     assert json.loads((syn / "corpus" / "stats.json").read_text())["n_train_sentences"] == 150
+    # A damaged vocab_source.json is named, with the two ways out.
+    (run / "vocab_source.json").write_text("{trunc", encoding="utf-8")
+    with pytest.raises(TrainingError, match="vocab_source.json is unreadable .*delete it to use"):
+        train(_cfg(tmp_path, max_steps=1, vocab_size=8, data=other + ".txt"), str(tmp_path / "run"), progress=False)
     # A user's own vocabulary (no vocab_source.json) is kept as it is.
     mine = tmp_path / "mine"
     mine.mkdir()

@@ -225,9 +225,14 @@ def _read_vocab_source(source_path: str, vocab_path: str) -> dict | None:
     """What ``vocab_path`` was built for, or None if this package did not write it as it is."""
     if not os.path.exists(source_path):
         return None
-    with open(source_path, encoding="utf-8") as f:
-        source = json.load(f)
-    return source["built_for"] if source.get("sha256") == _sha256(vocab_path) else None
+    try:
+        with open(source_path, encoding="utf-8") as f:
+            source = json.load(f)
+        built_for, sha = source["built_for"], source.get("sha256")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise TrainingError(f"{source_path} is unreadable ({e}): delete it to use {vocab_path} as given, "
+                            f"or delete both to rebuild the vocabulary") from None
+    return built_for if sha == _sha256(vocab_path) else None
 
 
 def _stale(what: str, may_rebuild: bool, log: Callable[[str], None]) -> None:
