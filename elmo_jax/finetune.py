@@ -16,6 +16,10 @@ Heads (``head=``):
 
 * ``"mix"`` — the paper's ScalarMix (:func:`elmo_jax.model.heads.scalar_mix`) with its L2
   penalty on the layer weights (``penalty * sum(s**2)``), then the classifier;
+* ``"mix:layer_norm"`` — the same, each layer first normalised to zero mean and unit
+  variance over the batch's real tokens (the paper's optional layer norm; statistics come
+  from the batch, as in AllenNLP's ScalarMix, so predictions depend a little on which
+  sentences share a batch).  Its parameters are those of ``"mix"``;
 * ``"components"`` — the brief's 5-component head
   (:func:`elmo_jax.model.heads.component_head`, the ``1 + 2L`` components times one
   matrix to ``out_dim``), then the classifier;
@@ -46,21 +50,30 @@ from elmo_jax.model import heads
 from elmo_jax.model.bilm import bilm
 
 
-def _parse_head(head: str) -> tuple[str, int | None]:
+DEFAULT_PENALTY = 1e-3
+"""The L2 penalty on a ``"mix"`` head's layer weights unless one is given (the paper's
+small lambda, 0.001, which it compares with 1); the other heads have none.  The same
+default for :func:`tagger_loss`, :func:`make_train_step` and :func:`train_tagger`."""
+
+
+def _parse_head(head: str) -> tuple[str, int | None, bool]:
+    """``head`` -> ``(kind, layer, layer_norm)``."""
     if head in ("mix", "components"):
-        return head, None
-    if head.startswith("layer:"):
+        return head, None, False
+    if head == "mix:layer_norm":
+        return "mix", None, True
+    if isinstance(head, str) and head.startswith("layer:"):
         try:
-            return "layer", int(head.split(":", 1)[1])
+            return "layer", int(head.split(":", 1)[1]), False
         except ValueError:
             pass
-    raise ValueError(f'head must be "mix", "components" or "layer:K", got {head!r}')
+    raise ValueError(f'head must be "mix", "mix:layer_norm", "components" or "layer:K", got {head!r}')
 
 
 def init_tagger(key: jax.Array, config: ElmoConfig, n_classes: int, head: str = "mix",
                 out_dim: int = 512) -> dict:
     """Head parameters: ``{"mix"|"components": ..., "classifier": {"w", "b"}}``."""
-    kind, layer = _parse_head(head)
+    kind, layer, _ = _parse_head(head)
     if kind == "layer" and not 0 <= layer < config.n_output_layers:
         raise ValueError(f"layer {layer} does not exist: the model has layers 0..{config.n_output_layers - 1}")
     if n_classes < 2:
@@ -91,18 +104,22 @@ def _head_of(params: dict) -> str:
     return "mix" if "mix" in params else "components" if "components" in params else "layer:K"
 
 
-def tagger_logits(params: dict, layers_LBTD: jax.Array, head: str) -> jax.Array:
+def tagger_logits(params: dict, layers_LBTD: jax.Array, head: str,
+                  mask_BT: jax.Array | None = None) -> jax.Array:
     """``[L+1, B, T, 2P] -> [B, T, n_classes]``.  Shapes and the head are checked when
-    traced (they are static), values are not (see :func:`check_tagging_data`)."""
-    kind, layer = _parse_head(head)
-    if layers_LBTD.ndim < 3:  # [L+1, ..., 2P]: one sentence [L+1, T, 2P] works for all but "mix"
+    traced (they are static), values are not (see :func:`check_tagging_data`).
+
+    ``mask_BT`` (real tokens) matters only to ``"mix:layer_norm"``, whose statistics are
+    taken over the real tokens of the batch; None counts every position."""
+    kind, layer, layer_norm = _parse_head(head)
+    if layers_LBTD.ndim < 3:  # [L+1, ..., 2P]: one sentence [L+1, T, 2P] works for every head
         raise _layout_error(layers_LBTD.shape)
     made_for = _head_of(params)
     if made_for != (kind if kind != "layer" else "layer:K"):
         raise ValueError(f"params were initialised for head {made_for!r}, not {head!r}: call "
                          f"init_tagger(..., head={head!r}) for this head")
     if kind == "mix":
-        x = heads.scalar_mix(params["mix"], layers_LBTD)
+        x = heads.scalar_mix(params["mix"], layers_LBTD, mask_BT, layer_norm=layer_norm)
     elif kind == "components":
         x = heads.component_head(params["components"], layers_LBTD)
     else:
@@ -136,9 +153,9 @@ def check_tagging_data(params: dict, layers_LNTD, labels_NT, mask_NT) -> None:
 
 
 def tagger_loss(params: dict, layers_LBTD: jax.Array, labels_BT: jax.Array, mask_BT: jax.Array,
-                head: str, penalty: float = 0.0) -> jax.Array:
+                head: str, penalty: float = DEFAULT_PENALTY) -> jax.Array:
     """Mean cross-entropy over real tokens (+ ``penalty * sum(s**2)`` for ``"mix"``)."""
-    logits = tagger_logits(params, layers_LBTD, head)
+    logits = tagger_logits(params, layers_LBTD, head, mask_BT)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels_BT, 0))
     m = mask_BT.astype(jnp.float32)
     loss = jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
@@ -154,7 +171,7 @@ def frozen_layers(bilm_params: dict, config: ElmoConfig, char_ids_BTC: jax.Array
     return jax.lax.stop_gradient(layers)
 
 
-def make_train_step(head: str, optimizer: optax.GradientTransformation, penalty: float = 0.0, *,
+def make_train_step(head: str, optimizer: optax.GradientTransformation, penalty: float = DEFAULT_PENALTY, *,
                     config: ElmoConfig | None = None, on_the_fly: bool = False) -> Callable:
     """A jit-compiled ``step(params, opt_state, batch, bilm_params=None) ->
     (params, opt_state, loss, grads)``.
@@ -199,7 +216,7 @@ class TrainResult:
 
 def train_tagger(params: dict, layers_LNTD: np.ndarray, labels_NT: np.ndarray, mask_NT: np.ndarray,
                  head: str, optimizer: optax.GradientTransformation | None = None, *, steps: int = 300,
-                 batch_size: int = 64, penalty: float = 1e-3, seed: int = 0) -> TrainResult:
+                 batch_size: int = 64, penalty: float = DEFAULT_PENALTY, seed: int = 0) -> TrainResult:
     """Minibatch training of a head on precomputed layers (sentences sampled with
     replacement, ``steps`` updates).  Returns the trained head and the loss per step."""
     optimizer = optax.adam(1e-2) if optimizer is None else optimizer
@@ -229,11 +246,11 @@ def accuracy(params: dict, layers_LNTD: np.ndarray, labels_NT: np.ndarray, mask_
     if np.ndim(layers_LNTD) == 4 and np.shape(layers_LNTD)[1] == 0:
         raise ValueError("no sentences to score")
     check_tagging_data(params, layers_LNTD, labels_NT, mask_NT)
-    fn = jax.jit(lambda p, x: jnp.argmax(tagger_logits(p, x, head), -1))
+    fn = jax.jit(lambda p, x, m: jnp.argmax(tagger_logits(p, x, head, m), -1))
     hits = total = 0
     for s in range(0, layers_LNTD.shape[1], batch_size):
-        pred = np.asarray(fn(params, jnp.asarray(layers_LNTD[:, s : s + batch_size])))
         m = np.asarray(mask_NT[s : s + batch_size], bool)
+        pred = np.asarray(fn(params, jnp.asarray(layers_LNTD[:, s : s + batch_size]), jnp.asarray(m)))
         hits += int(np.sum((pred == np.asarray(labels_NT[s : s + batch_size])) & m))
         total += int(m.sum())
     return hits / max(total, 1)
@@ -268,5 +285,5 @@ def pad_labels(tags: Sequence[Sequence[str]], index: Mapping[str, int], max_len:
     return out
 
 
-__all__ = ["init_tagger", "tagger_logits", "tagger_loss", "frozen_layers", "make_train_step",
+__all__ = ["DEFAULT_PENALTY", "init_tagger", "tagger_logits", "tagger_loss", "frozen_layers", "make_train_step",
            "train_tagger", "accuracy", "pad_layers", "pad_labels", "check_tagging_data", "TrainResult"]

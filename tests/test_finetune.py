@@ -84,6 +84,40 @@ def test_precomputed_training_with_penalty_improves_accuracy(elmo):
         init_tagger(jax.random.key(0), elmo.config, n_classes, "lstm")
 
 
+def test_layer_norm_mix_head_normalises_over_real_tokens_and_trains(elmo):
+    """``"mix:layer_norm"``: each layer at zero mean / unit variance over the batch's real
+    tokens before the weighted sum; padding never enters the statistics, and it trains."""
+    from elmo_jax.finetune import DEFAULT_PENALTY, tagger_logits
+
+    layers, labels, mask, n_classes = _data(elmo)
+    params = init_tagger(jax.random.key(3), elmo.config, n_classes, "mix:layer_norm")
+    assert set(params) == {"mix", "classifier"}  # the same parameters as "mix"
+    params["mix"]["scalars"] = np.array([0.5, -1.0, 2.0], np.float32)
+    real = layers[:, mask]  # [L+1, n_real, D]
+    normed = (real - real.mean(axis=(1, 2), keepdims=True)) / real.std(axis=(1, 2), keepdims=True)
+    w = np.exp(params["mix"]["scalars"]) / np.exp(params["mix"]["scalars"]).sum()
+    expected = np.einsum("l,lnd->nd", w, normed) @ params["classifier"]["w"] + params["classifier"]["b"]
+    garbage = np.where(mask[None, :, :, None], layers, 1e3).astype(np.float32)
+    got = np.asarray(tagger_logits(params, garbage, "mix:layer_norm", mask))[mask]
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
+    plain = np.asarray(tagger_logits(params, layers, "mix", mask))[mask]
+    assert np.abs(plain - got).max() > 1e-2  # the switch changes the head
+    np.testing.assert_allclose(np.asarray(tagger_logits(params, layers[:, 0], "mix")),  # one sentence
+                               np.asarray(tagger_logits(params, layers, "mix"))[0], rtol=1e-5, atol=1e-6)
+    start = accuracy(params, layers, labels, mask, "mix:layer_norm")
+    result = train_tagger(params, layers, labels, mask, "mix:layer_norm", optax.adam(5e-2), steps=80,
+                          batch_size=4)
+    assert result.losses[-1] < result.losses[0]
+    assert accuracy(result.params, layers, labels, mask, "mix:layer_norm") > max(start, 0.8)
+    # One default penalty for every entry point: the loss counts it unless told otherwise.
+    ce = float(tagger_loss(params, layers, labels, mask, "mix", penalty=0.0))
+    np.testing.assert_allclose(float(tagger_loss(params, layers, labels, mask, "mix")),
+                               ce + DEFAULT_PENALTY * float(np.sum(params["mix"]["scalars"] ** 2)), rtol=1e-6)
+    step = make_train_step("mix", optax.sgd(0.0))
+    _, _, loss, _ = step(params, optax.sgd(0.0).init(params), {"layers": layers, "labels": labels, "mask": mask})
+    np.testing.assert_allclose(float(loss), float(tagger_loss(params, layers, labels, mask, "mix")), rtol=1e-6)
+
+
 def test_bad_tagging_data_and_mismatched_heads_are_named(elmo):
     """Misaligned tags, labels outside the classes, wrong row counts, params of another
     head, a layer that does not exist and the layers-last layout all fail loudly instead

@@ -30,7 +30,10 @@ def scalar_mix(
     layer_norm: bool = False,
     eps: float = 1e-12,
 ) -> jax.Array:
-    """``[L, B, T, D] -> [B, T, D]``: the softmax-weighted sum of the layers, times gamma."""
+    """``[L, B, T, D] -> [B, T, D]``: the softmax-weighted sum of the layers, times gamma.
+
+    Any middle axes work the same way (one sentence ``[L, T, D] -> [T, D]``); ``mask_BT``
+    has the middle axes' shape and only matters with ``layer_norm``."""
     if layers_LBTD.shape[0] != params["scalars"].shape[0]:
         raise ValueError(
             f"scalar_mix has {params['scalars'].shape[0]} layer weights but the layers' first axis has "
@@ -40,13 +43,14 @@ def scalar_mix(
     weights_L = jax.nn.softmax(params["scalars"])
     if layer_norm:
         if mask_BT is None:
-            mask_BT = jnp.ones(layers_LBTD.shape[1:3], jnp.float32)
-        m = mask_BT.astype(jnp.float32)[None, :, :, None]
+            mask_BT = jnp.ones(layers_LBTD.shape[1:-1], jnp.float32)
+        m = mask_BT.astype(jnp.float32)[None, ..., None]
+        axes = tuple(range(1, layers_LBTD.ndim))
         count = jnp.maximum(jnp.sum(m) * layers_LBTD.shape[-1], 1.0)
-        mean_L = jnp.sum(layers_LBTD * m, axis=(1, 2, 3), keepdims=True) / count
-        var_L = jnp.sum(((layers_LBTD - mean_L) * m) ** 2, axis=(1, 2, 3), keepdims=True) / count
+        mean_L = jnp.sum(layers_LBTD * m, axis=axes, keepdims=True) / count
+        var_L = jnp.sum(((layers_LBTD - mean_L) * m) ** 2, axis=axes, keepdims=True) / count
         layers_LBTD = (layers_LBTD - mean_L) / jnp.sqrt(var_L + eps)
-    return params["gamma"] * jnp.einsum("l,lbtd->btd", weights_L, layers_LBTD)
+    return params["gamma"] * jnp.einsum("l,l...->...", weights_L, layers_LBTD)
 
 
 def scalar_mix_penalty(params: dict) -> jax.Array:
