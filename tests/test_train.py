@@ -164,7 +164,7 @@ def test_global_batch_must_divide_over_devices(tmp_path):
 def test_eval_command_reports_heldout_perplexity(tmp_path, capsys):
     from elmo_jax.cli import main
 
-    cfg = _cfg(tmp_path, max_steps=3, heldout=_corpus(tmp_path, n=20, name="heldout.txt", seed=1))
+    cfg = _cfg(tmp_path, max_steps=3, heldout=_corpus(tmp_path, n=60, name="heldout.txt", seed=1))
     summary = train(cfg, str(tmp_path / "run"), progress=False)
     assert main(["eval", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
@@ -174,6 +174,11 @@ def test_eval_command_reports_heldout_perplexity(tmp_path, capsys):
     assert main(["eval", str(tmp_path / "nowhere")]) == 2
     # The held-out data was prepared in the run's data_dir, and eval reads it from there.
     assert not (tmp_path / "run" / "tfds").exists()
+    # eval_max_batches caps each evaluation at its first batches (32 rows x unroll_steps), and
+    # may change on resume.
+    capped = train(cfg.replace(max_steps=4, eval_max_batches=1), str(tmp_path / "run"), progress=False)
+    assert capped["start_step"] == 3
+    assert 0 < capped["eval"]["tokens"] <= 32 * cfg.unroll_steps < summary["eval"]["tokens"]
 
 
 def test_derived_files_from_an_earlier_start_follow_the_config(tmp_path, capsys):

@@ -93,6 +93,9 @@ class TrainConfig:
       checkpoint_every: steps between checkpoints.
       keep_checkpoints: how many recent checkpoints to keep.
       eval_every: steps between held-out evaluations (0: only at the end).
+      eval_max_batches: stop each held-out evaluation after this many batches of 32 x
+        ``unroll_steps`` positions (None: the whole held-out set), always the same first
+        ones; for a large held-out set such as ``lm1b``'s test split (about 8M tokens).
       log_every: steps between log lines.
       parallel: ``"pmap"`` or ``"mesh"`` (``jit`` over a device mesh) data parallelism.
     """
@@ -122,6 +125,7 @@ class TrainConfig:
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
     eval_every: int = 0
+    eval_max_batches: int | None = None
     log_every: int = 50
     parallel: str = "pmap"
 
@@ -218,6 +222,7 @@ def _validate(cfg: TrainConfig) -> None:
         "keep_checkpoints": (cfg.keep_checkpoints, 1),
         "log_every": (cfg.log_every, 1),
         "eval_every": (cfg.eval_every, 0),
+        "eval_max_batches": (cfg.eval_max_batches, 1),
         "remat_steps": (cfg.remat_steps, 0),
         "seed": (cfg.seed, 0),
         "batch_size_per_device": (cfg.batch_size_per_device, 1),

@@ -68,7 +68,7 @@ from elmo_jax.train.step import init_train_state, make_optimizer
 # count replaced by batch_size): the global batch they give is checked against the
 # checkpoint's instead (_check_topology).
 RESUMABLE_FIELDS = {
-    "epochs", "max_steps", "checkpoint_every", "keep_checkpoints", "eval_every", "log_every",
+    "epochs", "max_steps", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_max_batches", "log_every",
     "parallel", "data_dir", "remat_steps", "batch_size", "batch_size_per_device",
 }
 
@@ -613,7 +613,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
     def run_eval(step: int) -> dict:
         params = runner.get_train_state(d_train)["params"]
         result = evaluate(params, model_config, data.heldout, vocab, unroll_steps=cfg.unroll_steps,
-                          dtype=dtype, eval_fn=eval_fn)
+                          dtype=dtype, eval_fn=eval_fn, max_batches=cfg.eval_max_batches)
         writer.write(step, "eval", result)
         log(f"eval @ step {step}: perplexity {result['perplexity']:.2f} (forward {result['fwd_perplexity']:.2f}, "
             f"backward {result['bwd_perplexity']:.2f}) on {result['tokens']} held-out tokens")
