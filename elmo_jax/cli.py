@@ -125,8 +125,11 @@ def _eval(args: argparse.Namespace) -> int:
         raise ValueError("no held-out data: pass --data PATH (one tokenized sentence per line)")
     data_dir = args.data_dir or loaded.train_config.data_dir or os.path.join(loaded.workdir, "tfds")
     source = make_source(data, "test", data_dir)
+    max_batches = args.max_batches
+    if max_batches is None and not args.data:  # the run's own held-out set, capped as in training
+        max_batches = loaded.train_config.eval_max_batches
     result = evaluate(loaded.params, loaded.model_config, source, loaded.vocab, batch_size=args.batch_size,
-                      max_batches=args.max_batches)
+                      max_batches=max_batches)
     print(f"step {loaded.step}: perplexity {result['perplexity']:.3f} (forward {result['fwd_perplexity']:.3f}, "
           f"backward {result['bwd_perplexity']:.3f}) over {result['tokens']} tokens of {data}")
     return 0
@@ -204,7 +207,9 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--data-dir", help="where prepared data lives (default: the run's data_dir, else WORKDIR/tfds)")
     ev.add_argument("--step", type=int, help="checkpoint step (default latest)")
     ev.add_argument("--batch-size", type=int, default=32)
-    ev.add_argument("--max-batches", type=int)
+    ev.add_argument("--max-batches", type=int,
+                    help="score only the first N batches (default: the run's eval_max_batches for its own "
+                         "held-out set, else all)")
     ev.set_defaults(func=_eval)
 
     ex = sub.add_parser("export", help="write a run's checkpoint as options.json + weights.hdf5 (+ vocab, softmax)")

@@ -179,6 +179,14 @@ def test_eval_command_reports_heldout_perplexity(tmp_path, capsys):
     capped = train(cfg.replace(max_steps=4, eval_max_batches=1), str(tmp_path / "run"), progress=False)
     assert capped["start_step"] == 3
     assert 0 < capped["eval"]["tokens"] <= 32 * cfg.unroll_steps < summary["eval"]["tokens"]
+    capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run"), "--max-batches", "0"]) == 2  # not a perplexity of 1.0
+    assert "max_batches must be >= 1" in capsys.readouterr().err
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n", encoding="utf-8")
+    code = main(["eval", str(tmp_path / "run"), "--data", str(empty)])
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err, err
 
 
 def test_derived_files_from_an_earlier_start_follow_the_config(tmp_path, capsys):

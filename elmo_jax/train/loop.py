@@ -434,6 +434,8 @@ def evaluate(params: dict, config: ElmoConfig, source, vocab: Vocabulary, *, bat
     certain given the previous token; the original counted it, which lowers the reported
     perplexity by a factor of about ``ppl ** (1 / (n + 2))``.  It is left out here.
     """
+    if batch_size < 1 or (max_batches is not None and max_batches < 1):
+        raise ValueError(f"batch_size and max_batches must be >= 1, got {batch_size} and {max_batches}")
     eval_fn = eval_fn or make_eval_fn(config, dtype)
     batcher = LMBatcher(source, vocab, batch_size, unroll_steps, config.char_cnn.max_characters_per_token,
                         shuffle=False, num_epochs=1)
@@ -447,8 +449,11 @@ def evaluate(params: dict, config: ElmoConfig, source, vocab: Vocabulary, *, bat
         batch["bwd_mask"] = batch["bwd_mask"] * (batch["bwd_targets"] != vocab.eos_id)
         state, m = eval_fn(params, state, batch)
         totals += [float(m["fwd_loss_sum"]), float(m["fwd_count"]), float(m["bwd_loss_sum"]), float(m["bwd_count"])]
-    fwd = totals[0] / max(totals[1], 1.0)
-    bwd = totals[2] / max(totals[3], 1.0)
+    if not totals[1] or not totals[3]:
+        raise ValueError("the held-out data gave no positions to score (no sentences?): a perplexity "
+                         "needs at least one held-out sentence")
+    fwd = totals[0] / totals[1]
+    bwd = totals[2] / totals[3]
     return {
         "perplexity": float(math.exp(0.5 * (fwd + bwd))),
         "fwd_perplexity": float(math.exp(fwd)),
