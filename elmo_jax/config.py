@@ -21,12 +21,11 @@ from typing import Any
 
 from elmo_jax import chars
 from elmo_jax.errors import ElmoError
+from elmo_jax.textio import HDF5_SIGNATURE
 
 ACTIVATIONS = ("relu", "tanh")
 # Matmul operand dtypes (params, cell state and accumulation stay float32).
 COMPUTE_DTYPES = ("float32", "bfloat16")
-# The first bytes of every HDF5 file (used to name a weight file given as options.json).
-HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 STANDARD_FILTERS = ((1, 32), (2, 32), (3, 64), (4, 128), (5, 256), (6, 512), (7, 1024))
 
 

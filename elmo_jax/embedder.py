@@ -22,8 +22,8 @@ after the group's longest sentence, :func:`elmo_jax.model.lstm.steps_in_use`).
 Sentences are sorted by length, each goes to its
 bucket, and each bucket is cut into groups of ``batch_size`` rows; a group's ``rows`` is
 the next power of two (capped at ``batch_size``).  Each distinct ``(rows, time)`` is
-compiled once per ``Elmo`` object, so the number of compilations is bounded whatever the
-input and however many calls::
+compiled once per ``Elmo`` object (and matmul precision), stateful or not, so the number
+of compilations is bounded whatever the input and however many calls::
 
     max_compiled_shapes(max_len) = n_time_buckets(max_len) * n_row_buckets(batch_size)
     n_time_buckets(m) = number of rungs <= rung(m + 2)       (about 2 log2((m + 2) / 8) + 1)
@@ -53,6 +53,7 @@ from __future__ import annotations
 import functools
 import math
 import os
+import warnings
 from collections.abc import Iterator, Sequence
 
 import h5py
@@ -153,6 +154,7 @@ class Elmo:
         self._cache_index: dict[str, int] = {}
         self._cache_vectors: np.ndarray | None = None
         self._cache_precision: object = _ANY_PRECISION
+        self._cache_params: list = []  # the parameter leaves the cache belongs to
 
     # -- construction and persistence -------------------------------------------------
     @classmethod
@@ -249,7 +251,10 @@ class Elmo:
         * ``"top"``: ``[n_tokens, 2P]``, the last LSTM layer;
         * ``"average"``: ``[n_tokens, 2P]``, the mean of the ``L+1`` layers;
         * ``"mix"``: ``[n_tokens, 2P]``, :func:`elmo_jax.model.heads.scalar_mix` with
-          ``mix_params`` (``{"scalars": [L+1], "gamma": ()}``, e.g. a trained head).
+          ``mix_params`` (``{"scalars": [L+1], "gamma": ()}``, e.g. the ``"mix"`` part of a
+          head trained as ``"mix"``).  No layer norm: a ``"mix:layer_norm"`` head takes its
+          statistics from a batch of sentences, so apply it to ``layers="all"`` output with
+          :func:`elmo_jax.finetune.tagger_logits` or ``scalar_mix(..., layer_norm=True)``.
 
         Each array is C-contiguous; the arrays of one padded group (up to ``batch_size``
         sentences) are slices of one buffer, which lives as long as any of them does.
@@ -377,6 +382,9 @@ class Elmo:
                 "(elmo_jax.model.heads.scalar_mix_init or a trained head)"
             )
         n = self.config.n_output_layers
+        if not isinstance(mix_params, dict):
+            raise ValueError(f'mix_params must be a dict {{"scalars": [L+1], "gamma": scalar}} '
+                             f"(elmo_jax.model.heads.scalar_mix_init or a trained head), got {type(mix_params).__name__}")
         if "scalars" not in mix_params and isinstance(mix_params.get("mix"), dict):
             raise ValueError('mix_params takes the ScalarMix itself: pass result.params["mix"] of a '
                              'trained tagger, not the whole head')
@@ -401,8 +409,7 @@ class Elmo:
         pass, 7.9 ms without (2-core benchmark machine)."""
         leaves = jax.tree.leaves(self.params)
         key = (jax.default_matmul_precision.value, leaves)
-        if (self._markers is None or self._markers[0][0] != key[0] or len(self._markers[0][1]) != len(leaves)
-                or any(a is not b for a, b in zip(self._markers[0][1], leaves))):
+        if self._markers is None or self._markers[0][0] != key[0] or not _same_leaves(self._markers[0][1], leaves):
             self._markers = (key, self._encode_markers(self.params, self.config))
         return self._markers[1]
 
@@ -411,11 +418,17 @@ class Elmo:
         n_time = time_bucket(max(len(t) for t in token_lists))
         lengths = np.full((n_rows,), -1, np.int32)
         lengths[: len(token_lists)] = [len(t) for t in token_lists]
-        state = None
         if stateful:
             if self._state is None:
                 self._state = zero_state(self.config, self.batch_size)
             state = jax.tree.map(lambda s: s[:, :, :n_rows], self._state)
+        else:  # an explicit zero state: stateless and stateful calls share one executable
+            state = zero_state(self.config, n_rows)
+        if self._cache_vectors is not None and not _same_leaves(self._cache_params, jax.tree.leaves(self.params)):
+            warnings.warn("elmo.params changed since the token cache was built: the cache belonged to the old "
+                          "parameters and was dropped; call cache_vocabulary(...) again for the new ones",
+                          stacklevel=4)
+            self.clear_token_cache()
         if self._cache_vectors is not None and self._cache_precision in (_ANY_PRECISION,
                                                                          jax.default_matmul_precision.value):
             e = self._token_vectors(token_lists, n_rows, n_time)
@@ -455,6 +468,8 @@ class Elmo:
         precision run the char CNN instead, so that their results stay those of that
         precision.
         """
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         words = self._check_vocab(tokens)
         n_chars = self.config.char_cnn.max_characters_per_token
         vectors = np.zeros((len(words), self.config.projection_dim), np.float32)
@@ -512,6 +527,7 @@ class Elmo:
         """Go back to running the char CNN for every token."""
         self._cache_words, self._cache_index, self._cache_vectors = None, {}, None
         self._cache_precision = _ANY_PRECISION
+        self._cache_params = []
 
     @staticmethod
     def _check_vocab(tokens: Sequence[str]) -> list[str]:
@@ -533,6 +549,7 @@ class Elmo:
             index.setdefault(w, i)
         self._cache_words, self._cache_index, self._cache_vectors = words, index, vectors
         self._cache_precision = precision
+        self._cache_params = jax.tree.leaves(self.params)
 
     def _encode_words(self, words: Sequence[str], n_chars: int) -> np.ndarray:
         n = _encoder_bucket(len(words))
@@ -558,6 +575,12 @@ class Elmo:
         else:
             table = cache
         return table[idx]
+
+
+def _same_leaves(a: list, b: list) -> bool:
+    """Whether two lists of parameter leaves are the very same arrays (parameters are
+    immutable, so identity means the same values)."""
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _split_rows(host_LBTD: np.ndarray, lengths: list[int], squeeze: bool) -> list[np.ndarray]:

@@ -126,7 +126,7 @@ def load_weights(path: str | os.PathLike, config: ElmoConfig) -> dict:
     """Read an HDF5 weight file into the parameter pytree, checking every name and shape."""
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise WeightFileError(f"weight file not found: {path}")
+        raise FileNotFoundError(f"weight file not found: {path}")
     try:
         f = h5py.File(path, "r")
     except OSError as e:

@@ -69,6 +69,9 @@ def test_cli_bad_inputs(tmp_path, model_dir, capsys):
     (tmp_path / "latin1.txt").write_bytes("ok line\nsecond\ncaf\xe9 au lait\n".encode("latin-1"))
     assert main(["embed", str(tmp_path / "latin1.txt"), str(out), "--all", *m]) == 2
     assert "line 3: not valid UTF-8" in capsys.readouterr().err
+    (tmp_path / "utf16.txt").write_bytes("hello world\n".encode("utf-16"))  # a Windows "Unicode" file
+    assert main(["embed", str(tmp_path / "utf16.txt"), str(out), "--all", *m]) == 2
+    assert "utf16.txt is UTF-16 text" in capsys.readouterr().err
     assert main(["embed", str(tmp_path / "missing.txt"), str(out), "--all", *m]) == 2
     assert "input file not found" in capsys.readouterr().err
     assert not out.exists() and not any(p.name.endswith(".tmp") for p in tmp_path.iterdir())

@@ -36,6 +36,12 @@ def test_deterministic_by_default_and_stateful_carries(tiny):
     tiny.reset_state()
     np.testing.assert_allclose(tiny.embed(["the bank of the river"], stateful=True)[0], a, atol=1e-6)
     tiny.reset_state()
+    # Both kinds of call run the same executable: one compile per (rows, time), as documented.
+    fresh = Elmo(tiny.config, tiny.params, batch_size=4)
+    full = ["the bank of the river"] * 4
+    fresh.embed(full)
+    fresh.embed(full, stateful=True)
+    assert fresh.compiled_shapes == {(4, 6)} and fresh._forward._cache_size() == 1
 
 
 def test_stateful_reproduces_reference_fixture(bilm_fixtures):
@@ -82,6 +88,8 @@ def test_load_errors_name_the_problem(tmp_path):
         Elmo.load(tmp_path / "m2" / "weights.hdf5")
     Elmo.random("tiny").save(tmp_path / "m3")
     opts, weights = tmp_path / "m3" / "options.json", tmp_path / "m3" / "weights.hdf5"
+    with pytest.raises(FileNotFoundError, match="weight file not found"):  # as the docstring says
+        Elmo.load(options_file=opts, weight_file=tmp_path / "m3" / "nope.hdf5")
     with pytest.raises(ElmoError, match="HDF5 file, not options.json: were the options and weight files swapped"):
         Elmo.load(options_file=weights, weight_file=opts)
     text = opts.read_text(encoding="utf-8")
@@ -145,6 +153,8 @@ def test_layer_modes_and_sentence_vectors(tiny):
         tiny.embed(sents, layers="mix", mix_params={"scalars": np.zeros(2), "gamma": 1.0})
     with pytest.raises(ValueError, match=r'pass result.params\["mix"\]'):
         tiny.embed(sents, layers="mix", mix_params={"mix": mix_params, "classifier": {}})
+    with pytest.raises(ValueError, match="mix_params must be a dict"):
+        tiny.embed(sents, layers="mix", mix_params=[0.0, 0.0, 0.0])
     with pytest.raises(ValueError, match="layers must be one of"):
         tiny.embed(sents, layers="bottom")
 
@@ -208,6 +218,22 @@ def test_token_cache_equals_uncached_and_skips_the_cnn(tmp_path):
     with pytest.raises(ElmoError, match="latin1.txt, line 2: not valid UTF-8"):
         other.load_token_cache(tmp_path / "cache.hdf5", tmp_path / "latin1.txt")
     other.clear_token_cache()
+    assert other.token_cache is None
+    # The HDF5 cache given as the vocabulary is named as such, not as a Latin-1 text file.
+    with pytest.raises(ElmoError, match="cache.hdf5 is an HDF5 file, not text.*swapped"):
+        other.load_token_cache(tmp_path / "vocab.txt", tmp_path / "cache.hdf5")
+    for bad in (0, -1):  # -1 used to install an all-zero cache
+        with pytest.raises(ValueError, match="batch_size must be >= 1"):
+            other.cache_vocabulary(vocab, batch_size=bad)
+    assert other.token_cache is None
+    # New parameters: the cache belonged to the old ones and is dropped, with a warning.
+    other.cache_vocabulary(vocab)
+    fresh = Elmo.random("tiny", seed=7, batch_size=8)
+    other.params = fresh.params
+    with pytest.warns(UserWarning, match="params changed since the token cache was built"):
+        moved = other.embed(sents)
+    for a, b in zip(fresh.embed(sents), moved):
+        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
     assert other.token_cache is None
 
 

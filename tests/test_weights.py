@@ -62,7 +62,7 @@ def test_missing_dataset_and_wrong_shape_are_named(tmp_path):
     save_weights(params, cfg, tmp_path / "w2.hdf5")
     with pytest.raises(WeightFileError, match=r"W_0' has shape \(64, 512\), expected \(64, 1024\)"):
         load_weights(tmp_path / "w2.hdf5", bigger)
-    with pytest.raises(WeightFileError, match="not found"):
+    with pytest.raises(FileNotFoundError, match="weight file not found"):
         load_weights(tmp_path / "nope.hdf5", cfg)
     (tmp_path / "junk.hdf5").write_text("not hdf5")
     with pytest.raises(WeightFileError, match="not a readable HDF5"):
