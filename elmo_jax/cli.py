@@ -115,7 +115,7 @@ def _is_main() -> bool:
 def _eval(args: argparse.Namespace) -> int:
     """Held-out perplexity of a workdir's latest checkpoint (full softmax)."""
     from elmo_jax.train.export import load_checkpoint_params
-    from elmo_jax.train.loop import evaluate
+    from elmo_jax.train.loop import data_dir_for, evaluate
     from elmo_jax.data.text_source import make_source
 
     _quiet_data_preparation()
@@ -123,8 +123,8 @@ def _eval(args: argparse.Namespace) -> int:
     data = args.data or loaded.heldout_spec
     if not data:
         raise ValueError("no held-out data: pass --data PATH (one tokenized sentence per line)")
-    data_dir = args.data_dir or loaded.train_config.data_dir or os.path.join(loaded.workdir, "tfds")
-    source = make_source(data, "test", data_dir)
+    source = make_source(data, "test", data_dir_for(data, args.data_dir or loaded.train_config.data_dir,
+                                                    loaded.workdir))
     max_batches = args.max_batches
     if max_batches is None and not args.data:  # the run's own held-out set, capped as in training
         max_batches = loaded.train_config.eval_max_batches
@@ -204,7 +204,8 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="held-out perplexity of a run's checkpoint (full softmax)")
     ev.add_argument("workdir")
     ev.add_argument("--data", help="held-out text (default: the run's own held-out split)")
-    ev.add_argument("--data-dir", help="where prepared data lives (default: the run's data_dir, else WORKDIR/tfds)")
+    ev.add_argument("--data-dir", help="where prepared data lives (default: the run's data_dir, else WORKDIR/tfds for text "
+                         "and TFDS's own folder for lm1b)")
     ev.add_argument("--step", type=int, help="checkpoint step (default latest)")
     ev.add_argument("--batch-size", type=int, default=32)
     ev.add_argument("--max-batches", type=int,

@@ -230,6 +230,8 @@ def _validate(config: ElmoConfig) -> None:
         raise ConfigError(
             f"char_cnn.activation {c.activation!r} is not supported; use one of {ACTIVATIONS}"
         )
+    if c.max_characters_per_token < 3:  # a word's begin and end chars plus at least one
+        raise ConfigError(f"char_cnn.max_characters_per_token must be >= 3, got {c.max_characters_per_token}")
     if not c.filters:
         raise ConfigError("char_cnn.filters is empty; give at least one [width, count] pair")
     for w, n in c.filters:
@@ -241,15 +243,14 @@ def _validate(config: ElmoConfig) -> None:
                 f"{c.max_characters_per_token}"
             )
     positive = {
-        "char_cnn.embedding.dim": c.embedding_dim,
-        "char_cnn.max_characters_per_token": c.max_characters_per_token - 2,
+        "char_cnn.embedding_dim": c.embedding_dim,
         "lstm.dim": l.dim,
         "lstm.projection_dim": l.projection_dim,
         "lstm.n_layers": l.n_layers,
     }
     for name, value in positive.items():
         if value < 1:
-            raise ConfigError(f"{name} must be positive (max_characters_per_token >= 3), got {value}")
+            raise ConfigError(f"{name} must be positive, got {value}")
     if c.n_highway < 0:
         raise ConfigError(f"char_cnn.n_highway must be >= 0, got {c.n_highway}")
     if c.n_characters not in (chars.N_RAW_CHARS, chars.N_CHARS):

@@ -138,6 +138,8 @@ def test_invalid_values_in_a_file_name_the_file(tmp_path):
         ({"parallel": "tpu"}, "parallel 'tpu' is not supported"),
         ({"model": "huge"}, "model 'huge' is not a preset; choose one of"),
         ({"model_overrides": {"dim": 0}}, "lstm.dim must be positive"),
+        ({"model_overrides": {"max_characters_per_token": 2, "filters": [[1, 4]]}},
+         "max_characters_per_token must be >= 3, got 2"),
         ({"model_overrides": {"bogus": 1}}, "unknown ElmoConfig field"),
         ({"batch_size": 0}, "batch_size must be >= 1"),
         ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
@@ -238,6 +240,13 @@ def test_unknown_key_lists_valid_keys():
         apply_overrides(TrainConfig(), ["model_overrides.dimm=3"])
     with pytest.raises(ConfigError, match="batch_size is not a dict"):
         apply_overrides(TrainConfig(), ["batch_size.x=3"])
+
+
+def test_values_are_stripped_unless_quoted():
+    cfg = apply_overrides(TrainConfig(), ["optimizer= adam ", "seed= 3", "heldout= 'my file.txt'"])
+    assert (cfg.optimizer, cfg.seed, cfg.heldout) == ("adam", 3, "my file.txt")
+    with pytest.raises(ConfigError, match="optimizer ' adam' is not supported"):  # quoted: as written
+        apply_overrides(TrainConfig(), ["optimizer=' adam'"])
 
 
 @pytest.mark.parametrize(

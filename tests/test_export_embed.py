@@ -30,6 +30,13 @@ def test_export_load_embed_equals_checkpoint_forward(tmp_path):
                       batch_size=4, unroll_steps=5, num_negatives=4, epochs=1, max_steps=3, log_every=1,
                       checkpoint_every=3, dropout=0.1, data_dir=str(tmp_path / "tfds"))
     train(cfg, str(tmp_path / "run"), progress=False)
+    # Checkpoints written before the global batch was recorded still export.
+    import json
+
+    meta_file = tmp_path / "run" / "checkpoints" / "3" / "meta" / "metadata"  # orbax's JsonSave
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    del meta["global_batch"]
+    meta_file.write_text(json.dumps(meta), encoding="utf-8")
     export(tmp_path / "run", tmp_path / "model")
     files = sorted(p.name for p in (tmp_path / "model").iterdir())
     assert {"options.json", "weights.hdf5"} < set(files) and len(files) > 2  # extra files are tolerated

@@ -268,3 +268,27 @@ def test_resume_across_batch_spellings_data_changes_and_metrics_once(tmp_path):
     Path(cfg.data).write_text("\n".join(["zebra yak"] + lines[1:]) + "\n", encoding="utf-8")
     with pytest.raises(TrainingError, match="training data changed since .*checkpoints/6 was written"):
         train(cfg.replace(max_steps=9), str(run), progress=False)
+
+
+def test_lm1b_is_read_from_the_tfds_folder_and_text_is_prepared_beside_the_run(tmp_path, monkeypatch):
+    """Unless data_dir is set: TFDS lm1b where ``tfds build`` put it (TFDS's own folder,
+    data_dir None), local text in WORKDIR/tfds; eval resolves it the same way."""
+    from elmo_jax.train import loop
+
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_make_source(spec, split, data_dir, **kw):
+        seen.append((spec, split, data_dir))
+        raise Stop
+
+    monkeypatch.setattr(loop, "make_source", fake_make_source)
+    with pytest.raises(Stop):
+        train(_cfg(tmp_path, data="lm1b", data_dir=None), str(tmp_path / "run"), progress=False)
+    with pytest.raises(Stop):
+        train(_cfg(tmp_path, data_dir=None), str(tmp_path / "run2"), progress=False)
+    assert seen[0] == ("lm1b", "train", None)
+    assert seen[1][2] == str(tmp_path / "run2" / "tfds")
+    assert loop.data_dir_for("lm1b", str(tmp_path / "mine"), "w") == str(tmp_path / "mine")

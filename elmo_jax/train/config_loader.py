@@ -62,7 +62,9 @@ class TrainConfig:
     Data
       data: corpus source spec; ``"synthetic"`` is the corpus embedded in the package, ``"lm1b"``
         the 1B Word Benchmark (interpreted by the data module).
-      data_dir: where the corpus / TFDS data live (None: the data module's default).
+      data_dir: where prepared data lives (None: ``WORKDIR/tfds`` for text this package
+        prepares, TFDS's own folder (``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``) for
+        ``lm1b``).
       heldout: held-out evaluation source (None: ``lm1b``'s test split for ``lm1b``, held-out
         shard 0 for ``lm1b-extracted:ROOT``, the corpus's own for ``synthetic``, none for
         local text).
@@ -384,14 +386,13 @@ def _convert(text: str, tp: Any, key: str) -> Any:
         args = typing.get_args(tp)
         if type(None) in args and s.lower() in _NONE:
             return None
-        errors = []
         for a in args:
             if a is type(None):
                 continue
             try:
                 return _convert(s, a, key)
-            except ConfigError as e:
-                errors.append(str(e))
+            except ConfigError:
+                pass
         hint = " (or none)" if type(None) in args else ""
         raise ConfigError(f"{key}: cannot parse {text!r} as {_type_name(tp)}{hint}")
     if tp is bool:
@@ -419,8 +420,8 @@ def _convert(text: str, tp: Any, key: str) -> Any:
             raise ConfigError(f"{key}: expected a number, got {text!r}") from None
     if tp is str:
         if len(s) >= 2 and s[0] == s[-1] and s[0] in "'\"":
-            return s[1:-1]
-        return text
+            return s[1:-1]  # quoted: taken as written, spaces included
+        return s
     # containers (dict, tuples of tuples): a Python literal
     try:
         value = ast.literal_eval(s)

@@ -64,7 +64,7 @@ def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) 
         template = jax.eval_shape(
             lambda: (init_train_state(jax.random.key(0), model_config, len(vocab), optimizer),
                      # The stored LSTM state holds the rows of all processes.
-                     zero_state(model_config, int(meta["global_batch"])))
+                     zero_state(model_config, int(meta.get("global_batch") or train_config.batch_size)))
         )
         (train_state, _), meta = ckpts.restore(template, step)
     finally:

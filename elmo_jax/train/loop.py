@@ -140,7 +140,6 @@ def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], may
 def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], may_rebuild: bool) -> RunData:
     process_index = jax.process_index()
     corpus_dir = None
-    data_dir = cfg.data_dir or os.path.join(workdir, "tfds")
     if cfg.data == "synthetic":
         from elmo_jax.data import synthetic
 
@@ -167,10 +166,12 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
         train_spec, heldout_spec = cfg.data, cfg.heldout
         if heldout_spec is None:
             heldout_spec = default_heldout(cfg.data)
-    train = make_source(train_spec, "train", data_dir, process_index=process_index)
+    train = make_source(train_spec, "train", data_dir_for(train_spec, cfg.data_dir, workdir),
+                        process_index=process_index)
     heldout = None
     if heldout_spec:
-        heldout = make_source(heldout_spec, "test", data_dir, process_index=process_index)
+        heldout = make_source(heldout_spec, "test", data_dir_for(heldout_spec, cfg.data_dir, workdir),
+                              process_index=process_index)
     else:
         log("no held-out set: no evaluation (set --config.heldout to a text file to evaluate)")
     vocab_path = os.path.join(workdir, "vocab.txt")
@@ -195,6 +196,15 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
             _wait_for(vocab_path)
     vocab = Vocabulary.load(vocab_path)
     return RunData(train, heldout, vocab, corpus_dir, heldout_spec)
+
+
+def data_dir_for(spec: str, data_dir: str | None, workdir: str) -> str | None:
+    """Where the data of ``spec`` lives when ``data_dir`` is not set: TFDS ``lm1b`` in TFDS's
+    own folder (``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``, where ``tfds build`` puts
+    it; None here), text this package prepares in ``WORKDIR/tfds``, beside the run."""
+    if data_dir:
+        return data_dir
+    return None if spec.strip() in ("lm1b", "tfds:lm1b") else os.path.join(workdir, "tfds")
 
 
 def default_heldout(data: str) -> str | None:
