@@ -197,9 +197,11 @@ def task_embed(args) -> dict:
 
 
 def task_parts(args) -> dict:
-    """Encoder and LSTM stack timed on their own (same shapes as inside ``bilm``)."""
+    """Encoder and LSTM stack timed on their own, as ``bilm`` runs them: the encoder on the
+    ``B*T`` tokens (the markers' vectors are computed once per weights), the LSTMs on
+    ``T+2`` steps."""
     from elmo_jax import chars
-    from elmo_jax.model.bilm import add_sentence_boundaries, reverse_within_length
+    from elmo_jax.model.bilm import add_boundary_vectors, marker_vectors, reverse_within_length
     from elmo_jax.model.encoder import encode_tokens
     from elmo_jax.model.lstm import lstm_stack
 
@@ -209,16 +211,15 @@ def task_parts(args) -> dict:
     ids = jnp.asarray(chars.batch_to_ids(sents, cfg.char_cnn.max_characters_per_token, max_length=args.length))
     lengths = jnp.asarray([len(s) for s in sents], jnp.int32)
     full = lengths + 2
-    ids_b = add_sentence_boundaries(ids, lengths)
     mask = jnp.arange(args.length + 2)[None, :] < full[:, None]
 
-    enc = jax.jit(encode_tokens, static_argnums=1).lower(params, cfg, ids_b).compile()
-    e = enc(params, ids_b)
+    enc = jax.jit(encode_tokens, static_argnums=1).lower(params, cfg, ids).compile()
+    e = add_boundary_vectors(enc(params, ids), lengths, *marker_vectors(params, cfg))
     x = jnp.stack([e, reverse_within_length(e, full)])
     m = jnp.stack([mask, mask])
     lstm = jax.jit(lstm_stack, static_argnums=1).lower(params["lstm"], cfg, x, m).compile()
     res = {"batch": args.batch, "length": args.length, "tokens": int(sum(len(s) for s in sents))}
-    for name, fn in (("encoder", lambda: jax.block_until_ready(enc(params, ids_b))),
+    for name, fn in (("encoder", lambda: jax.block_until_ready(enc(params, ids))),
                      ("lstm", lambda: jax.block_until_ready(lstm(params["lstm"], x, m)))):
         fn()
         times = timed_reps(fn, args.min_reps, args.min_time, args.max_reps)

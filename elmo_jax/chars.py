@@ -11,8 +11,9 @@ One scheme is used everywhere in this package, the originals' *inference* scheme
   table therefore has 262 rows, row 0 being the zero vector for padding.
 
 The sentence markers ``<S>`` and ``</S>`` are whole tokens whose only character is
-``bos`` / ``eos``.  :func:`batch_to_ids` never adds them: the model adds them on its input
-path (:func:`elmo_jax.model.bilm.add_sentence_boundaries`).  Training streams, which are
+``bos`` / ``eos``.  :func:`batch_to_ids` never adds them: the model encodes them once
+(:func:`elmo_jax.model.bilm.marker_vectors`) and adds their vectors around each sentence
+(:func:`elmo_jax.model.bilm.add_boundary_vectors`).  Training streams, which are
 continuous sequences of ``<S> w1 .. wn </S>``, spell them as the strings ``"<S>"`` and
 ``"</S>"``; :func:`token_to_ids` maps those strings to the marker tokens.
 """

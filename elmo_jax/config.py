@@ -20,6 +20,7 @@ import os
 from typing import Any
 
 from elmo_jax import chars
+from elmo_jax.atomic import write_json
 from elmo_jax.errors import ElmoError
 from elmo_jax.textio import HDF5_SIGNATURE
 
@@ -200,9 +201,8 @@ class ElmoConfig:
         return cls.from_options(options, source=path)
 
     def to_json_file(self, path: str | os.PathLike) -> None:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.to_options(), f, indent=2)
-            f.write("\n")
+        """Write ``options.json`` (atomically)."""
+        write_json(path, self.to_options())
 
 
 def count_params(config: ElmoConfig) -> int:

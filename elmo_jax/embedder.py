@@ -62,6 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax import chars
+from elmo_jax.atomic import atomic_path
 from elmo_jax.config import ConfigError, ElmoConfig
 from elmo_jax.data.vocab import read_token_lines
 from elmo_jax.errors import ElmoError
@@ -216,9 +217,7 @@ class Elmo:
             )
         os.makedirs(model_dir, exist_ok=True)
         save_weights(self.params, self.config, targets[1])
-        tmp = targets[0] + ".tmp"
-        self.config.to_json_file(tmp)
-        os.replace(tmp, targets[0])
+        self.config.to_json_file(targets[0])
 
     # -- compilation bound ------------------------------------------------------------
     def max_compiled_shapes(self, max_len: int, batch_size: int | None = None) -> int:
@@ -484,15 +483,8 @@ class Elmo:
         (the word list is not stored: keep the vocabulary file that produced it)."""
         if self._cache_vectors is None:
             raise ElmoError("no token cache: call cache_vocabulary(tokens) first")
-        path = os.fspath(path)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        try:
-            with h5py.File(tmp, "w") as f:
-                f.create_dataset("embedding", data=self._cache_vectors)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+            f.create_dataset("embedding", data=self._cache_vectors)
 
     def load_token_cache(self, path: str | os.PathLike, vocab: Sequence[str] | str | os.PathLike) -> None:
         """Use a cache file written by :meth:`save_token_cache` (or the originals'

@@ -48,6 +48,7 @@ import optax
 from elmo_jax.config import ElmoConfig
 from elmo_jax.model import heads
 from elmo_jax.model.bilm import bilm
+from elmo_jax.train.losses import masked_mean
 
 
 DEFAULT_PENALTY = 1e-3
@@ -157,8 +158,7 @@ def tagger_loss(params: dict, layers_LBTD: jax.Array, labels_BT: jax.Array, mask
     """Mean cross-entropy over real tokens (+ ``penalty * sum(s**2)`` for ``"mix"``)."""
     logits = tagger_logits(params, layers_LBTD, head, mask_BT)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels_BT, 0))
-    m = mask_BT.astype(jnp.float32)
-    loss = jnp.sum(ce * m) / jnp.maximum(jnp.sum(m), 1.0)
+    loss = masked_mean(ce, mask_BT)
     if "mix" in params and penalty:
         loss = loss + penalty * heads.scalar_mix_penalty(params["mix"])
     return loss

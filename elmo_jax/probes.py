@@ -36,6 +36,8 @@ from typing import Any
 
 import numpy as np
 
+from elmo_jax.data.synthetic import NO_SENSE
+
 __all__ = [
     "format_probe_table",
     "logistic_regression_probe",
@@ -44,7 +46,6 @@ __all__ = [
     "wsd_nearest_neighbour",
 ]
 
-NO_SENSE = "-"
 SIDES = ("left", "right", "both")
 
 

@@ -23,6 +23,8 @@ import os
 import h5py
 import numpy as np
 
+from elmo_jax import chars
+from elmo_jax.atomic import atomic_path
 from elmo_jax.config import ElmoConfig
 from elmo_jax.errors import ElmoError
 
@@ -39,7 +41,7 @@ def expected_shapes(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
     """Every dataset of the layout with its shape, for ``config``."""
     c, l = config.char_cnn, config.lstm
     f, p, h = c.n_filters, l.projection_dim, l.dim
-    shapes: dict[str, tuple[int, ...]] = {"char_embed": (261, c.embedding_dim)}
+    shapes: dict[str, tuple[int, ...]] = {"char_embed": (chars.N_RAW_CHARS, c.embedding_dim)}
     for i, (w, n) in enumerate(c.filters):
         shapes[f"CNN/W_cnn_{i}"] = (1, w, c.embedding_dim, n)
         shapes[f"CNN/b_cnn_{i}"] = (n,)
@@ -142,7 +144,7 @@ def load_weights(path: str | os.PathLike, config: ElmoConfig) -> dict:
                     f"does options.json describe this weight file?"
                 )
             found = f[name].shape
-            if name == "char_embed" and found == (262, shape[1]):
+            if name == "char_embed" and found == (chars.N_CHARS, shape[1]):
                 # A table saved with its padding row: drop it, it is re-added below.
                 datasets[name] = np.asarray(f[name][1:], dtype=np.float32)
                 continue
@@ -175,13 +177,6 @@ def _refuse_undescribed(f: h5py.File, path: str, expected: dict) -> None:
 
 def save_weights(params: dict, config: ElmoConfig, path: str | os.PathLike) -> None:
     """Write the parameter pytree in the released HDF5 layout, atomically."""
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with h5py.File(tmp, "w") as f:
-            for name, array in params_to_datasets(params, config).items():
-                f.create_dataset(name, data=array)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
+        for name, array in params_to_datasets(params, config).items():
+            f.create_dataset(name, data=array)

@@ -2,7 +2,6 @@
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,7 +11,6 @@ from elmo_jax.data.batches import LMBatcher
 from elmo_jax.data.text_source import InMemorySource, LocalTextSource
 from elmo_jax.data.vocab import Vocabulary
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "bilm-tf"
 
 
 def _corpus(n=60, seed=0, max_len=15):
@@ -216,12 +214,10 @@ def test_eval_mode_reads_in_order_once():
     np.testing.assert_array_equal(inputs, expected_inputs)
 
 
-def test_fixture_corpus_with_fixture_vocab():
-    if not FIXTURES.is_dir():
-        pytest.skip(f"{FIXTURES.parents[1]} absent (the shared fixtures live next to the repo)")
-    lines = (FIXTURES / "train" / "data.txt").read_text(encoding="utf-8").splitlines()
+def test_fixture_corpus_with_fixture_vocab(bilm_fixtures):
+    lines = (bilm_fixtures / "train" / "data.txt").read_text(encoding="utf-8").splitlines()
     sents = [line.split() for line in lines if line.strip()]
-    vocab = Vocabulary.load(FIXTURES / "train" / "vocab.txt")
+    vocab = Vocabulary.load(bilm_fixtures / "train" / "vocab.txt")
     batcher = LMBatcher(InMemorySource(sents), vocab, batch_size=2, unroll_steps=10, seed=0, num_epochs=1)
     batches = list(batcher)
     assert batcher.steps_per_epoch == (sum(map(len, sents)) + len(sents)) // 20
@@ -243,30 +239,3 @@ def test_small_token_table_gives_the_same_batches():
     assert len(got_a) == len(got_b)
     for x, y in zip(got_a, got_b):
         assert all(np.array_equal(x[k], y[k]) for k in x)
-
-
-def test_prefetcher_state_follows_consumed_batches():
-    from elmo_jax.data.batches import Prefetcher
-
-    sents = _corpus(n=30)
-    vocab = Vocabulary.build(sents)
-
-    def make():
-        return LMBatcher(InMemorySource(sents), vocab, batch_size=2, unroll_steps=4, seed=9)
-
-    plain = make()
-    want = [next(plain) for _ in range(40)]
-    with Prefetcher(make(), buffer_size=3) as pf:
-        for i in range(15):
-            got = next(pf)
-            assert all(np.array_equal(got[k], want[i][k]) for k in want[i])
-        state = pf.get_state()
-        next(pf)
-        pf.set_state(state)
-        for i in range(15, 40):
-            got = next(pf)
-            assert all(np.array_equal(got[k], want[i][k]) for k in want[i])
-    # finite iterators end cleanly
-    with Prefetcher(LMBatcher(InMemorySource(sents), vocab, 2, 4, num_epochs=1)) as pf:
-        n = sum(1 for _ in pf)
-    assert n == len(list(LMBatcher(InMemorySource(sents), vocab, 2, 4, num_epochs=1)))

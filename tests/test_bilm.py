@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax import ElmoConfig, batch_to_ids
-from elmo_jax.model.bilm import add_sentence_boundaries, bilm, init_params, reverse_within_length
+from elmo_jax.model.bilm import add_boundary_vectors, bilm, init_params, marker_vectors, reverse_within_length
 from elmo_jax.model.encoder import encode_tokens
 from elmo_jax.model.lstm import lstm_stack
 from elmo_jax.weights import load_weights
@@ -63,8 +63,8 @@ def test_backward_stack_is_forward_machinery_on_reversed_sentence():
     layers, _ = forward(params, TINY, batch_to_ids([tokens]))
     # Run the backward parameters as direction 0 on the reversed token sequence.
     swapped = jax.tree.map(lambda a: a[::-1], params["lstm"])
-    ids = add_sentence_boundaries(jnp.asarray(batch_to_ids([tokens])), jnp.array([5]))
-    e = encode_tokens(params, TINY, ids)
+    e = add_boundary_vectors(encode_tokens(params, TINY, jnp.asarray(batch_to_ids([tokens]))), jnp.array([5]),
+                             *marker_vectors(params, TINY))
     reversed_e = e[:, ::-1]
     mask = jnp.ones((2, 1, 7), bool)
     outs, _ = lstm_stack(swapped, TINY, jnp.stack([reversed_e, reversed_e]), mask)

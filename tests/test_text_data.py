@@ -14,7 +14,6 @@ import pytest
 from elmo_jax.data import text_source as ts
 
 REPO = Path(__file__).resolve().parents[1]
-FIXTURES = REPO.parent / "shared" / "fixtures" / "bilm-tf"
 
 
 def _write(path: Path, data: bytes) -> Path:
@@ -173,10 +172,8 @@ def test_content_id_follows_the_sentences_not_the_paths(tmp_path):
     assert "content_sha256" in json.loads(marker.read_text())
 
 
-def test_fixture_corpus(tmp_path):
-    if not FIXTURES.is_dir():
-        pytest.skip(f"{FIXTURES.parents[1]} absent (the shared fixtures live next to the repo)")
-    path = FIXTURES / "train" / "data.txt"
+def test_fixture_corpus(tmp_path, bilm_fixtures):
+    path = bilm_fixtures / "train" / "data.txt"
     lines = [line.split() for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     src = ts.make_source(f"text:{path}", data_dir=tmp_path / "tfds")
     assert list(src) == lines

@@ -1,13 +1,11 @@
 """Vocabulary: building, the original file format, bad files."""
 
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from elmo_jax.data.vocab import Vocabulary
 
-FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "bilm-tf"
 
 
 def test_build_orders_specials_then_frequency_ties_by_first_occurrence():
@@ -79,10 +77,8 @@ def test_bad_files(tmp_path):
         Vocabulary(["<S>", "</S>", "<UNK>", "a", "a"])
 
 
-def test_fixture_vocab():
-    if not FIXTURES.is_dir():
-        pytest.skip(f"{FIXTURES.parents[1]} absent (the shared fixtures live next to the repo)")
-    v = Vocabulary.load(FIXTURES / "train" / "vocab.txt")
+def test_fixture_vocab(bilm_fixtures):
+    v = Vocabulary.load(bilm_fixtures / "train" / "vocab.txt")
     assert v.tokens[:3] == ["<S>", "</S>", "<UNK>"]
     assert len(v) == 32
     assert v.id_of("the") == 4

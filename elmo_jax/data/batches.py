@@ -49,8 +49,9 @@ num_epochs=1)``: sentences in corpus order dealt to the rows as they need them, 
 
 Throughput (one CPU core, B=128, T=20, both directions, a generated 200k-sentence corpus
 with a 100k-type Zipf vocabulary): about 100 batches/s from ArrayRecord (local text
-source), 155 batches/s from memory.  :class:`Prefetcher` builds batches in a background
-thread so that this overlaps with the device step.
+source), 155 batches/s from memory.  The training loop builds the next batch while the
+device runs the current step (JAX dispatches the step asynchronously), so this overlaps
+with the device's work without a thread.
 
 Checkpointing: :meth:`LMBatcher.get_state` returns a small JSON-serializable dict (epoch,
 per-direction read position and per-row queues of sentence positions plus offsets; no
@@ -67,7 +68,7 @@ import numpy as np
 from elmo_jax import chars as chars_lib
 from elmo_jax.data.vocab import Vocabulary
 
-__all__ = ["LMBatcher", "Prefetcher", "STATE_VERSION"]
+__all__ = ["LMBatcher", "STATE_VERSION"]
 
 STATE_VERSION = 1
 _DIRECTIONS = ("fwd", "bwd")
@@ -83,8 +84,7 @@ class _TokenTable:
     """
 
     def __init__(self, vocab: Vocabulary, max_chars: int, max_entries: int):
-        self.vocab_get = vocab._token_to_id.get
-        self.unk = vocab.unk_id
+        self.vocab_id = vocab.id_of
         self.max_chars = max_chars
         self.max_entries = max(16, int(max_entries))
         self._reset()
@@ -109,7 +109,7 @@ class _TokenTable:
             self.char_ids = char_ids
         for i, tok in enumerate(new, start=n0):
             self.index[tok] = i
-            self.vocab_ids[i] = self.vocab_get(tok, self.unk)
+            self.vocab_ids[i] = self.vocab_id(tok)
         self.char_ids[n0:n1] = chars_lib.tokens_to_ids(new, self.max_chars)
 
     def lookup(self, tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -305,11 +305,6 @@ class LMBatcher(Iterator[dict]):
             s.start_epoch(0)
 
     # ------------------------------------------------------------------ sizes
-    @property
-    def tokens_per_batch(self) -> int:
-        """Target positions per direction in one local batch (``B * T``)."""
-        return self.batch_size * self.unroll_steps
-
     def num_epoch_tokens(self) -> int:
         """Tokens of the whole source counting one ``</S>`` per sentence (all processes)."""
         return int(self.source.num_tokens()) + self.num_sentences
@@ -399,93 +394,3 @@ class LMBatcher(Iterator[dict]):
         self._finished = bool(state.get("finished", False))
         for name, s in zip(_DIRECTIONS, self._streams):
             s.set_state(self.epoch, state[name])
-
-
-class Prefetcher(Iterator[dict]):
-    """Builds the batches of an :class:`LMBatcher` in a background thread.
-
-    ``get_state()`` is the state after the last batch *returned* (not the last one built),
-    so it can go into a checkpoint as is; ``set_state()`` restarts the read-ahead from there.
-    Call :meth:`close` (or use it as a context manager) to stop the thread.
-    """
-
-    _END = object()
-
-    def __init__(self, batcher: LMBatcher, buffer_size: int = 4):
-        import queue
-        import threading
-
-        self._queue_mod, self._threading = queue, threading
-        self.batcher = batcher
-        self.buffer_size = max(1, int(buffer_size))
-        self._state = batcher.get_state()
-        self._thread = None
-        self._start()
-
-    def _start(self) -> None:
-        self._stop = self._threading.Event()
-        self._queue = self._queue_mod.Queue(self.buffer_size)
-        self._done = False
-        self._thread = self._threading.Thread(target=self._produce, name="LMBatcher-prefetch", daemon=True)
-        self._thread.start()
-
-    def _produce(self) -> None:
-        stop, q = self._stop, self._queue
-        while not stop.is_set():
-            try:
-                item = (next(self.batcher), self.batcher.get_state())
-            except StopIteration:
-                item = self._END
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
-                item = e
-            while not stop.is_set():
-                try:
-                    q.put(item, timeout=0.1)
-                    break
-                except self._queue_mod.Full:
-                    continue
-            if item is self._END or isinstance(item, BaseException):
-                return
-
-    def __iter__(self) -> "Prefetcher":
-        return self
-
-    def __next__(self) -> dict:
-        if self._done:
-            raise StopIteration
-        item = self._queue.get()
-        if item is self._END:
-            self._done = True
-            raise StopIteration
-        if isinstance(item, BaseException):
-            self._done = True
-            raise item
-        batch, self._state = item
-        return batch
-
-    def get_state(self) -> dict:
-        return self._state
-
-    def set_state(self, state: dict) -> None:
-        self.close()
-        self.batcher.set_state(state)
-        self._state = self.batcher.get_state()
-        self._start()
-
-    def close(self) -> None:
-        if self._thread is not None:
-            self._stop.set()
-            self._thread.join()
-            self._thread = None
-
-    def __enter__(self) -> "Prefetcher":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass

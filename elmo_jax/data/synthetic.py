@@ -76,6 +76,8 @@ from typing import Any
 
 import numpy as np
 
+from elmo_jax.data.vocab import BOS, EOS, UNK
+
 __all__ = [
     "DEFAULT_N_HELDOUT",
     "DEFAULT_N_TRAIN",
@@ -97,8 +99,7 @@ DEFAULT_SEED = 0
 DEFAULT_N_TRAIN = 40_000
 DEFAULT_N_HELDOUT = 2_000
 NO_SENSE = "-"
-END = "</S>"
-UNK = "<UNK>"
+END = EOS
 
 
 # --------------------------------------------------------------------------------------
@@ -832,7 +833,7 @@ def ngram_baselines(train: Sequence[Sequence[str]], heldout: Sequence[Sequence[s
     uni = Counter()
     bi: dict[str, Counter] = {}
     for s in train:
-        prev = "<S>"
+        prev = BOS
         for w in list(s) + [END]:
             uni[w] += 1
             bi.setdefault(prev, Counter())[w] += 1
@@ -852,7 +853,7 @@ def ngram_baselines(train: Sequence[Sequence[str]], heldout: Sequence[Sequence[s
     lp_u = lp_b = 0.0
     n = 0
     for s in heldout:
-        prev = "<S>"
+        prev = BOS
         for w in [norm(x) for x in s] + [END]:
             pu = p_uni(w)
             lp_u += math.log(pu)

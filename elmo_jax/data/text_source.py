@@ -46,6 +46,8 @@ from typing import Protocol, runtime_checkable
 import tensorflow_datasets as tfds
 
 from elmo_jax.errors import ElmoError
+from elmo_jax.atomic import write_json
+from elmo_jax.chars import tokenize
 from elmo_jax.textio import decode_line
 
 __all__ = [
@@ -101,7 +103,7 @@ class InMemorySource:
     """Sentences held in memory (token lists or whitespace-separated strings)."""
 
     def __init__(self, sentences):
-        self._sentences = [s.split() if isinstance(s, str) else list(s) for s in sentences]
+        self._sentences = [tokenize(s) for s in sentences]
         self._num_tokens = sum(len(s) for s in self._sentences)
 
     def __len__(self) -> int:
@@ -139,7 +141,7 @@ class _TfdsTextSource:
         text = example["text"]
         if isinstance(text, bytes):
             text = text.decode("utf-8")
-        return text.split()
+        return tokenize(text)
 
     def __len__(self) -> int:
         return len(self._ds)
@@ -221,7 +223,7 @@ class ElmoLocalText(tfds.core.GeneratorBasedBuilder):
             with open(path, "rb") as f:
                 for lineno, raw in enumerate(f, start=1):
                     line = decode_line(raw, path, lineno)
-                    tokens = line.split()
+                    tokens = tokenize(line)
                     if not tokens:
                         continue
                     yield n_sentences, {"text": " ".join(tokens)}
@@ -338,10 +340,7 @@ def prepare_local_text(
 
 
 def _write_marker(marker: str, info: dict) -> None:
-    tmp = f"{marker}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=1)
-    os.replace(tmp, marker)  # atomic: waiters never see a half-written marker
+    write_json(marker, info, indent=1)  # atomic: waiters never see a half-written marker
 
 
 class LocalTextSource(_TfdsTextSource):
@@ -429,10 +428,7 @@ class Lm1bSource(_TfdsTextSource):
         self._num_tokens = self._count_tokens()
         if self._cache_path:
             try:
-                tmp = f"{self._cache_path}.tmp{os.getpid()}"
-                with open(tmp, "w", encoding="utf-8") as f:
-                    json.dump({"num_sentences": len(self), "num_tokens": self._num_tokens}, f)
-                os.replace(tmp, self._cache_path)
+                write_json(self._cache_path, {"num_sentences": len(self), "num_tokens": self._num_tokens})
             except OSError:
                 pass
         return self._num_tokens

@@ -20,10 +20,12 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
+from elmo_jax.atomic import atomic_path
+from elmo_jax.chars import BOS_TOKEN, EOS_TOKEN, tokenize
 from elmo_jax.textio import decode_line
 
-BOS = "<S>"
-EOS = "</S>"
+BOS = BOS_TOKEN
+EOS = EOS_TOKEN
 UNK = "<UNK>"
 SPECIALS = (BOS, EOS, UNK)
 # The original reader skips this line (a leftover of the lm_1b vocabulary format).
@@ -119,9 +121,7 @@ class Vocabulary:
         else:
             counts = Counter()
             for sentence in data:
-                if isinstance(sentence, bytes):
-                    raise TypeError("sentences must be str or token lists, got bytes: decode them first")
-                counts.update(sentence.split() if isinstance(sentence, str) else sentence)
+                counts.update(tokenize(sentence))
         # sorted() is stable: equal counts keep first-occurrence order.
         ranked = sorted(
             ((t, c) for t, c in counts.items() if t not in SPECIALS and c >= min_count),
@@ -134,14 +134,14 @@ class Vocabulary:
 
     # ------------------------------------------------------------------ file I/O
     def save(self, path: str | os.PathLike) -> None:
-        """Write one token per line, UTF-8, ``\\n`` line ends, in id order."""
+        """Write one token per line, UTF-8, ``\\n`` line ends, in id order (atomically)."""
         for i, tok in enumerate(self._tokens):
             if not tok or tok != tok.strip() or any(ch in tok for ch in "\n\r"):
                 raise ValueError(
                     f"token {tok!r} (id {i}) cannot be written to a vocabulary file: it is "
                     "empty or contains line breaks / surrounding whitespace"
                 )
-        with open(path, "w", encoding="utf-8", newline="\n") as f:
+        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
             for tok in self._tokens:
                 f.write(tok)
                 f.write("\n")
@@ -164,8 +164,6 @@ class Vocabulary:
                 )
             first_line[tok] = lineno
             tokens.append(tok)
-        if not tokens:
-            raise ValueError(f"vocabulary file {path} holds no token")
         return cls(tokens, source=f"vocabulary file {path}")
 
     # ------------------------------------------------------------------ lookups
@@ -205,15 +203,12 @@ class Vocabulary:
         """The id of ``token``, ``unk_id`` if it is not in the vocabulary."""
         return self._token_to_id.get(token, self._token_to_id[UNK])
 
-    def token_of(self, token_id: int) -> str:
-        return self._tokens[token_id]
-
     def encode(self, tokens: Iterable[str]) -> np.ndarray:
         """Token ids as ``np.int32`` (unknown tokens -> ``unk_id``); no markers added."""
         get = self._token_to_id.get
         unk = self._token_to_id[UNK]
         if isinstance(tokens, str):
-            tokens = tokens.split()
+            tokens = tokenize(tokens)
         return np.fromiter((get(t, unk) for t in tokens), dtype=np.int32)
 
     def decode(self, ids: Iterable[int]) -> list[str]:

@@ -39,18 +39,6 @@ def sentence_lengths(char_ids_BTC: jax.Array) -> jax.Array:
     return jnp.sum(jnp.any(char_ids_BTC > 0, axis=-1), axis=-1).astype(jnp.int32)
 
 
-def add_sentence_boundaries(char_ids_BTC: jax.Array, lengths_B: jax.Array) -> jax.Array:
-    """``[B, T, C] -> [B, T+2, C]`` with ``<S>`` at 0 and ``</S>`` right after each sentence."""
-    n_chars = char_ids_BTC.shape[-1]
-    bos = jnp.asarray(chars.token_to_ids(chars.BOS_TOKEN, n_chars))
-    eos = jnp.asarray(chars.token_to_ids(chars.EOS_TOKEN, n_chars))
-    shifted = jnp.pad(char_ids_BTC, ((0, 0), (1, 1), (0, 0)))
-    pos_1T1 = jnp.arange(shifted.shape[1])[None, :, None]
-    end_B11 = lengths_B[:, None, None] + 1
-    out = jnp.where(pos_1T1 == 0, bos, jnp.where(pos_1T1 == end_B11, eos, shifted))
-    return jnp.where(pos_1T1 <= end_B11, out, 0)
-
-
 def reverse_within_length(x_BT_: jax.Array, lengths_B: jax.Array) -> jax.Array:
     """Reverse each row's first ``length`` steps along axis 1; padding stays in place.
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import math
 import importlib.util
 import os
@@ -283,14 +284,10 @@ def _type_name(tp: Any) -> str:
     return getattr(origin or tp, "__name__", str(tp))
 
 
-_HINTS: dict[type, dict] = {}
-
-
+@functools.cache
 def _hints(cls: type) -> dict:
-    if cls not in _HINTS:
-        module = sys.modules[cls.__module__]
-        _HINTS[cls] = typing.get_type_hints(cls, vars(module))
-    return _HINTS[cls]
+    """The resolved field types of a config dataclass (fixed per class, so computed once)."""
+    return typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
 
 
 def _train_hints() -> dict:

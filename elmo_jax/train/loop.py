@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from elmo_jax.atomic import atomic_path, write_json
 from elmo_jax.config import ElmoConfig
 from elmo_jax.data.batches import LMBatcher
 from elmo_jax.data.text_source import lm1b_extracted_files, make_source
@@ -89,8 +90,9 @@ class RunData:
     heldout_spec: str | None = None
 
 
-# How long processes > 0 wait for process 0 to prepare the corpus and the vocabulary.
-PREPARE_TIMEOUT_S = float(os.environ.get("ELMO_JAX_PREPARE_TIMEOUT_S", 6 * 3600))
+# How long processes > 0 wait for process 0 to prepare the corpus and the vocabulary
+# (seconds), unless the environment variable ELMO_JAX_PREPARE_TIMEOUT_S says otherwise.
+DEFAULT_PREPARE_TIMEOUT_S = 6 * 3600.0
 # After a failed preparation, how long process 0 waits for the others to read its error,
 # and how long it then lets them exit before it (and the coordinator) goes.
 PREPARE_ACK_TIMEOUT_S = 30.0
@@ -130,7 +132,8 @@ def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], may
             raise
         distributed.publish("prepare", "ok")
         return data
-    status = distributed.wait_for_value("prepare", PREPARE_TIMEOUT_S, "process 0 to prepare the corpus and vocabulary")
+    timeout_s = float(os.environ.get("ELMO_JAX_PREPARE_TIMEOUT_S", DEFAULT_PREPARE_TIMEOUT_S))  # read at call time
+    status = distributed.wait_for_value("prepare", timeout_s, "process 0 to prepare the corpus and vocabulary")
     if status != "ok":
         distributed.publish(f"prepare_ack/{jax.process_index()}", "seen")
         raise TrainingError(f"process 0 failed to prepare the data: {status.removeprefix('error: ')}")
@@ -188,10 +191,9 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
         if process_index == 0:
             log(f"building the vocabulary from {len(train)} training sentences")
             vocab = Vocabulary.build(_iterate(train), max_size=cfg.vocab_size, min_count=cfg.vocab_min_count)
-            tmp = vocab_path + ".tmp"
-            vocab.save(tmp)
-            _write_json_atomic(source_path, {"built_for": wanted, "sha256": _sha256(tmp)})
-            os.replace(tmp, vocab_path)
+            with atomic_path(vocab_path) as tmp:  # vocab.txt appears only with its record
+                vocab.save(tmp)
+                write_json(source_path, {"built_for": wanted, "sha256": _sha256(tmp)})
         else:
             _wait_for(vocab_path)
     vocab = Vocabulary.load(vocab_path)
@@ -259,12 +261,6 @@ def _sha256(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _write_json_atomic(path: str, value: Any) -> None:
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=2)
-    os.replace(path + ".tmp", path)
 
 
 def _iterate(source, chunk: int = 4096):
@@ -424,9 +420,8 @@ def _drop_records_after(path: str, step: int) -> None:
         if record_step <= step:
             kept.append(line if line.endswith("\n") else line + "\n")
     if len(kept) != len(lines):
-        with open(path + ".tmp", "w", encoding="utf-8") as f:
+        with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
             f.writelines(kept)
-        os.replace(path + ".tmp", path)
 
 
 def evaluate(params: dict, config: ElmoConfig, source, vocab: Vocabulary, *, batch_size: int = 32,
@@ -510,7 +505,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
         for path, value in ((config_path, cfg.to_dict()),
                             (os.path.join(workdir, "options.json"), model_config.to_options())):
             if not os.path.exists(path) or latest is None:
-                _write_json_atomic(path, value)
+                write_json(path, value)
 
     selection = make_loss_fn(len(vocab), cfg.num_negatives)
     log(selection.message)

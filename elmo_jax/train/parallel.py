@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from elmo_jax.train.config_loader import PARALLEL_MODES
 from elmo_jax.train.step import eval_step, train_step
 
 AXIS = "data"
@@ -163,7 +164,7 @@ def make_runner(kind: str, step_kwargs: dict):
         return PmapRunner(step_kwargs)
     if kind == "mesh":
         return MeshRunner(step_kwargs)
-    raise ValueError(f"parallel must be 'pmap' or 'mesh', got {kind!r}")
+    raise ValueError(f"parallel must be one of {', '.join(PARALLEL_MODES)}, got {kind!r}")
 
 
 def make_eval_fn(config, dtype):

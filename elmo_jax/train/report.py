@@ -20,7 +20,7 @@ def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, ev
     all) and evaluated on up to ``max_sentences`` held-out sentences; the class probe is also
     scored on the held-out tokens whose form never occurs in the training text.
     """
-    from elmo_jax.data.synthetic import load_corpus
+    from elmo_jax.data.synthetic import NO_SENSE, load_corpus
     from elmo_jax.embedder import Elmo
     from elmo_jax.probes import format_probe_table, probe_table
 
@@ -44,7 +44,7 @@ def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, ev
     heldout, heldout_labels = heldout[:max_sentences], heldout_labels[:max_sentences]
     train, train_labels = load_corpus(corpus_dir, "train")
     seen = {w for s in train for w in s}
-    pick = [i for i, lab in enumerate(train_labels) if any(x != "-" for x in lab["senses"])]
+    pick = [i for i, lab in enumerate(train_labels) if any(x != NO_SENSE for x in lab["senses"])]
     pick = pick[:max_probe_train]
     sentences = heldout + [train[i] for i in pick]
     labels = heldout_labels + [train_labels[i] for i in pick]

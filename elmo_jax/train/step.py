@@ -32,7 +32,8 @@ from elmo_jax.model.bilm import init_params
 from elmo_jax.model.chunks import from_chunks, to_chunks
 from elmo_jax.model.encoder import GRAD_TRIM_LEVELS, encode_tokens, encode_tokens_remat
 from elmo_jax.model.lstm import dropout, lstm_stack
-from elmo_jax.train.losses import full_softmax_loss, init_softmax
+from elmo_jax.train.config_loader import OPTIMIZERS
+from elmo_jax.train.losses import full_softmax_loss, init_softmax, masked_sum_and_count
 
 LossFn = Callable[..., jax.Array]
 
@@ -45,7 +46,7 @@ def make_optimizer(name: str, learning_rate: float, initial_accumulator: float, 
     elif name == "adam":
         update = optax.adam(learning_rate)
     else:
-        raise ValueError(f"optimizer must be 'adagrad' or 'adam', got {name!r}")
+        raise ValueError(f"optimizer must be one of {', '.join(OPTIMIZERS)}, got {name!r}")
     return optax.chain(optax.clip_by_global_norm(clip_norm), update)
 
 
@@ -132,7 +133,7 @@ def lm_losses(
         _position_losses(loss_fn, params["softmax"], top_RBTP[r], targets_RBT[r], k, remat_steps)
         for r, k in enumerate((k_fwd, k_bwd))
     ]
-    sums = [jnp.sum(l * mask_RBT[r]) for r, l in enumerate(losses)]
+    sums = [masked_sum_and_count(l, mask_RBT[r])[0] for r, l in enumerate(losses)]
     counts = [jax.lax.stop_gradient(_psum(jnp.sum(mask_RBT[r]), axis_name)) for r in range(2)]
     loss = 0.5 * sum(s / jnp.maximum(c, 1.0) for s, c in zip(sums, counts))
     metrics = {
