@@ -199,8 +199,8 @@ class ElmoLocalText(tfds.core.GeneratorBasedBuilder):
 
     VERSION = tfds.core.Version("1.0.0")
     RELEASE_NOTES = {"1.0.0": "First version."}
-    # No checksums file or code folder to look up: TFDS's lookup would import
-    # importlib_resources (not a dependency) for a builder living inside a package.
+    # No checksums file or code folder to look up: for a builder inside a package TFDS's
+    # lookup would go through importlib_resources, which is not needed to read plain text.
     code_path = None
 
     def _info(self) -> tfds.core.DatasetInfo:
