@@ -80,7 +80,8 @@ def _train_run(args: argparse.Namespace, cfg) -> int:
         return 0
     if summary.get("corpus_dir") and _is_main():
         print(synthetic_report(summary["corpus_dir"], summary["params"]["bilm"], summary["model_config"],
-                               summary.get("eval")))
+                               summary.get("eval"), vocab=summary["vocab"].tokens,
+                               progress=False if args.no_progress else None))
     return 0
 
 
@@ -261,6 +262,10 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"elmo-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # training: a second Ctrl-C / SIGTERM while it was stopping
+        print(f"elmo-jax {args.command}: interrupted; stopped at once (the checkpoints already "
+              f"written are intact)", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -184,6 +184,7 @@ def test_overrides_convert_by_field_type():
             "max_steps=1e3",
             "vocab_size=none",
             "data_dir=/tmp/data",
+            "data=train.txt",
             "heldout='text:held out.txt'",
             "compute_dtype=bfloat16",
             "seed=3",
@@ -242,8 +243,13 @@ def test_unknown_key_lists_valid_keys():
         apply_overrides(TrainConfig(), ["batch_size.x=3"])
 
 
+def test_synthetic_data_refuses_another_heldout_set():
+    with pytest.raises(ConfigError, match="heldout cannot be set with it"):
+        apply_overrides(TrainConfig(), ["heldout=mine.txt"])
+
+
 def test_values_are_stripped_unless_quoted():
-    cfg = apply_overrides(TrainConfig(), ["optimizer= adam ", "seed= 3", "heldout= 'my file.txt'"])
+    cfg = apply_overrides(TrainConfig(data="train.txt"), ["optimizer= adam ", "seed= 3", "heldout= 'my file.txt'"])
     assert (cfg.optimizer, cfg.seed, cfg.heldout) == ("adam", 3, "my file.txt")
     with pytest.raises(ConfigError, match="optimizer ' adam' is not supported"):  # quoted: as written
         apply_overrides(TrainConfig(), ["optimizer=' adam'"])

@@ -292,3 +292,61 @@ def test_lm1b_is_read_from_the_tfds_folder_and_text_is_prepared_beside_the_run(t
     assert seen[0] == ("lm1b", "train", None)
     assert seen[1][2] == str(tmp_path / "run2" / "tfds")
     assert loop.data_dir_for("lm1b", str(tmp_path / "mine"), "w") == str(tmp_path / "mine")
+
+
+def test_metrics_windows_survive_checkpoints_and_a_finished_run_can_start_again(tmp_path):
+    """A checkpoint between two log lines used to drop the steps before it from the next
+    train record; starting a finished run again crashed (pmap) or logged its eval twice."""
+    heldout = _corpus(tmp_path, n=20, name="heldout.txt", seed=1)
+    every = _cfg(tmp_path, max_steps=8, log_every=1, checkpoint_every=100, heldout=heldout)
+    train(every, str(tmp_path / "every"), progress=False)
+    per_step = _losses(tmp_path / "every")
+    for ckpt in (100, 3):
+        workdir = tmp_path / f"ckpt{ckpt}"
+        cfg = every.replace(log_every=4, checkpoint_every=ckpt)
+        train(cfg, str(workdir), progress=False)
+        logged = _losses(workdir)
+        assert sorted(logged) == [4, 8]
+        for end in (4, 8):  # the mean over the 4 steps of each window
+            assert logged[end] == pytest.approx(np.mean([per_step[s] for s in range(end - 3, end + 1)]), abs=1e-5)
+    summary = train(cfg, str(workdir), progress=False)  # already complete: evaluates, trains nothing
+    assert summary["start_step"] == summary["step"] == 8 and np.isfinite(summary["eval"]["perplexity"])
+    kinds = [(r["step"], r["kind"]) for r in map(json.loads, open(workdir / "metrics.jsonl", encoding="utf-8"))]
+    assert kinds.count((8, "eval")) == 1 and kinds.count((8, "train")) == 1
+
+
+def test_a_stop_signal_during_the_final_evaluation_is_obeyed(tmp_path, monkeypatch):
+    from elmo_jax.train import loop
+
+    real = loop.evaluate
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGINT)  # arrives while the held-out set is being scored
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loop, "evaluate", signalled)
+    cfg = _cfg(tmp_path, max_steps=3, heldout=_corpus(tmp_path, n=20, name="heldout.txt", seed=1))
+    summary = train(cfg, str(tmp_path / "run"), progress=False)
+    assert summary["interrupted"] == "SIGINT" and "eval" in summary and summary["eval"] is None
+    assert (tmp_path / "run" / "checkpoints" / "3").is_dir()
+
+
+def test_report_uses_the_optimum_of_the_models_vocabulary(tmp_path):
+    from elmo_jax import Elmo
+    from elmo_jax.data import synthetic
+    from elmo_jax.train.report import synthetic_report
+
+    synthetic.write_corpus(tmp_path / "corpus", n_train=400)
+    train_words = sorted({w for s in synthetic.load_corpus(tmp_path / "corpus", "train")[0] for w in s})
+    elmo = Elmo.random("tiny", seed=0)
+    ev = {"perplexity": 50.0, "fwd_perplexity": 50.0, "bwd_perplexity": 50.0}
+
+    def report(vocab):
+        return synthetic_report(str(tmp_path / "corpus"), elmo.params, elmo.config, ev, max_sentences=20,
+                                max_probe_train=20, vocab=vocab, progress=False)
+
+    full = report(["<S>", "</S>", "<UNK>", *train_words])
+    cut = report(["<S>", "</S>", "<UNK>", *train_words[:10]])
+    optimum = {text: float(text.split("generator's optimum")[1].split()[0]) for text in (full, cut)}
+    assert "bigram baseline" in full and "not comparable" in cut and "bigram baseline" not in cut
+    assert optimum[cut] < optimum[full]  # more targets are one <UNK> event: easier

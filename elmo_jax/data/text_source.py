@@ -394,8 +394,13 @@ class Lm1bSource(_TfdsTextSource):
             # TensorFlow to prepare it.
             ds = tfds.data_source("lm1b", split=split, data_dir=data_dir, download=False)
         except Exception as e:  # noqa: BLE001 - re-raised with a hint
+            root = _default_data_dir(data_dir)
+            # Without the folder TFDS's own text is misleading ("already prepared ... in the
+            # TFRECORD format" for a folder that does not exist): say what is missing.
+            reason = (f"no prepared lm1b under {root} (no folder {os.path.join(root, 'lm1b')})"
+                      if not os.path.isdir(os.path.join(root, "lm1b")) else str(e))
             raise ElmoError(
-                f"could not open TFDS lm1b split {split!r} in data_dir={data_dir!r}: {e}\n"
+                f"could not open TFDS lm1b split {split!r}: {reason}\n"
                 "Prepare it with `tfds build lm1b --file_format=array_record` on a machine with "
                 "TensorFlow, or use the extracted benchmark: 'lm1b-extracted:/path/to/"
                 "1-billion-word-language-modeling-benchmark-r13output'"

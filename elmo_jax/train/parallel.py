@@ -62,12 +62,18 @@ def to_global_rows(tree, mesh: Mesh, axis: int):
 
 
 def local_replica(x) -> np.ndarray:
-    """A host copy of a replicated array (this process's first shard; no gather)."""
+    """A host copy of a replicated array (this process's first shard; no gather).  Host
+    arrays (a run resumed at its last step has not put its state on the devices) pass as is."""
+    if not isinstance(x, jax.Array):
+        return np.asarray(x)
     return np.asarray(x.addressable_shards[0].data)
 
 
 def local_rows(x, axis: int) -> np.ndarray:
-    """This process's rows of an array split along ``axis``, in global order."""
+    """This process's rows of an array split along ``axis``, in global order (host arrays
+    pass as is)."""
+    if not isinstance(x, jax.Array):
+        return np.asarray(x)
     seen, parts = set(), []
     for shard in sorted(x.addressable_shards, key=lambda s: s.index[axis].start or 0):
         start = shard.index[axis].start or 0

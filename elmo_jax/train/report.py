@@ -5,13 +5,21 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 
 from elmo_jax.config import ElmoConfig
 
 
 def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, eval_result: dict | None,
-                     max_sentences: int = 2000, max_probe_train: int = 20000) -> str:
+                     max_sentences: int = 2000, max_probe_train: int = 20000, *,
+                     vocab: Sequence[str] | None = None, progress: bool | None = None) -> str:
     """A printable report; ``params`` are the biLM's (no softmax).
+
+    ``vocab``: the model's softmax vocabulary.  When it is not the training text's (a
+    ``vocab_size`` cut, ``vocab_min_count``, a supplied ``vocab.txt``), more targets are
+    ``<UNK>`` for the model than the stored optimum assumes, so the optimum is recomputed
+    for this vocabulary and the n-gram baselines (built on the training words) are left out.
+    ``progress``: the probes' embedding progress bar (``Elmo.embed``'s default when None).
 
     Probes are fitted on up to ``max_probe_train`` training-corpus sentences that hold a
     polysemous word (the 1-NN neighbours, as the paper's §5.3 uses a whole sense-annotated
@@ -20,7 +28,8 @@ def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, ev
     all) and evaluated on up to ``max_sentences`` held-out sentences; the class probe is also
     scored on the held-out tokens whose form never occurs in the training text.
     """
-    from elmo_jax.data.synthetic import NO_SENSE, load_corpus
+    from elmo_jax.data.synthetic import NO_SENSE, load_corpus, make_language, optimum_perplexity
+    from elmo_jax.data.vocab import SPECIALS
     from elmo_jax.embedder import Elmo
     from elmo_jax.probes import format_probe_table, probe_table
 
@@ -30,25 +39,34 @@ def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, ev
     if eval_result is not None:
         lines.append(f"  this model            {eval_result['perplexity']:8.2f}  "
                      f"(forward {eval_result['fwd_perplexity']:.2f}, backward {eval_result['bwd_perplexity']:.2f})")
-    # Targets outside the training vocabulary are <UNK> for the model; this optimum scores
-    # them the same way, so the two numbers are comparable.
-    optimum = stats["optimum_heldout_perplexity_train_vocab"]
-    lines += [
-        f"  generator's optimum   {optimum:8.2f}  (words unseen in training merged into <UNK>, as the model sees them)",
-        f"  bigram baseline       {stats['bigram_heldout_perplexity']:8.2f}",
-        f"  unigram baseline      {stats['unigram_heldout_perplexity']:8.2f}",
-    ]
-    if eval_result is not None:
-        lines.append(f"  gap to the optimum    {100 * (eval_result['perplexity'] / optimum - 1):7.1f} %")
-    heldout, heldout_labels = load_corpus(corpus_dir, "heldout")
-    heldout, heldout_labels = heldout[:max_sentences], heldout_labels[:max_sentences]
+    all_heldout, heldout_labels = load_corpus(corpus_dir, "heldout")
     train, train_labels = load_corpus(corpus_dir, "train")
     seen = {w for s in train for w in s}
+    words = None if vocab is None else set(vocab) - set(SPECIALS)
+    # Targets outside the model's vocabulary are <UNK> for it; the optimum scores them the
+    # same way, so the two numbers are comparable.
+    if words is None or words == seen:
+        optimum = stats["optimum_heldout_perplexity_train_vocab"]
+        lines += [
+            f"  generator's optimum   {optimum:8.2f}  (words unseen in training merged into <UNK>, as the model sees them)",
+            f"  bigram baseline       {stats['bigram_heldout_perplexity']:8.2f}",
+            f"  unigram baseline      {stats['unigram_heldout_perplexity']:8.2f}",
+        ]
+    else:
+        optimum = optimum_perplexity(make_language(stats["seed"]), all_heldout, known=sorted(words))
+        lines += [
+            f"  generator's optimum   {optimum:8.2f}  (words outside the model's {len(words)}-word vocabulary "
+            f"merged into <UNK>, as the model sees them)",
+            f"  (the n-gram baselines use all {len(seen)} training words, so they are not comparable here)",
+        ]
+    if eval_result is not None:
+        lines.append(f"  gap to the optimum    {100 * (eval_result['perplexity'] / optimum - 1):7.1f} %")
+    heldout, heldout_labels = all_heldout[:max_sentences], heldout_labels[:max_sentences]
     pick = [i for i, lab in enumerate(train_labels) if any(x != NO_SENSE for x in lab["senses"])]
     pick = pick[:max_probe_train]
     sentences = heldout + [train[i] for i in pick]
     labels = heldout_labels + [train_labels[i] for i in pick]
-    vectors = Elmo(model_config, params).embed(sentences)
+    vectors = Elmo(model_config, params).embed(sentences, progress=progress)
     unseen = [w not in seen for s in sentences for w in s]
     rows = probe_table(vectors, labels, sentences=sentences,
                        is_test=[True] * len(heldout) + [False] * len(pick),
