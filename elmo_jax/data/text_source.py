@@ -40,7 +40,7 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
 import tensorflow_datasets as tfds
@@ -67,7 +67,8 @@ _READY_MARKER = "elmo_jax_ready.json"
 
 @runtime_checkable
 class SentenceSource(Protocol):
-    """What the batcher reads: random access to tokenized sentences."""
+    """What the batcher reads: random access to tokenized sentences (and one pass over
+    them in order, for building a vocabulary)."""
 
     def __len__(self) -> int: ...
 
@@ -76,6 +77,8 @@ class SentenceSource(Protocol):
     def get_batch(self, indices: Sequence[int]) -> list[list[str]]: ...
 
     def num_tokens(self) -> int: ...
+
+    def __iter__(self) -> Iterator[list[str]]: ...
 
 
 class ContentDigest:

@@ -190,7 +190,7 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
     if not os.path.exists(vocab_path):
         if process_index == 0:
             log(f"building the vocabulary from {len(train)} training sentences")
-            vocab = Vocabulary.build(_iterate(train), max_size=cfg.vocab_size, min_count=cfg.vocab_min_count)
+            vocab = Vocabulary.build(train, max_size=cfg.vocab_size, min_count=cfg.vocab_min_count)
             with atomic_path(vocab_path) as tmp:  # vocab.txt appears only with its record
                 vocab.save(tmp)
                 write_json(source_path, {"built_for": wanted, "sha256": _sha256(tmp)})
@@ -261,11 +261,6 @@ def _sha256(path: str) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
-
-
-def _iterate(source, chunk: int = 4096):
-    for start in range(0, len(source), chunk):
-        yield from source.get_batch(range(start, min(start + chunk, len(source))))
 
 
 def _wait_for(path: str, timeout_s: float = 3600.0) -> None:
