@@ -121,7 +121,9 @@ class Vocabulary:
         else:
             counts = Counter()
             for sentence in data:
-                counts.update(tokenize(sentence))
+                # Token lists (what sources yield) are counted as they are: a per-token check
+                # would cost as much as the counting over a corpus of a billion tokens.
+                counts.update(tokenize(sentence) if isinstance(sentence, (str, bytes)) else sentence)
         # sorted() is stable: equal counts keep first-occurrence order.
         ranked = sorted(
             ((t, c) for t, c in counts.items() if t not in SPECIALS and c >= min_count),
