@@ -534,10 +534,10 @@ class Suite:
                 full = next((row["ours"]["median_s"] for row in r["embed"] if row["preset"] == preset
                              and row["batch"] == 16 and row["length"] == 20 and "median_s" in row["ours"]), None)
                 b = r["flops"][preset]
-                n_pos = 16 * 22  # positions incl. <S> and </S>
+                n_tok, n_pos = 16 * 20, 16 * 22  # encoded tokens; LSTM positions incl. <S> and </S>
                 lines.append(
                     f"  {preset:9s} encoder {p['encoder_median_s'] * 1e3:7.1f} ms "
-                    f"({n_pos * b['encoder_total'] / p['encoder_median_s'] / 1e9:6.1f} GFLOP/s), "
+                    f"({n_tok * b['encoder_total'] / p['encoder_median_s'] / 1e9:6.1f} GFLOP/s), "
                     f"LSTMs {p['lstm_median_s'] * 1e3:7.1f} ms "
                     f"({n_pos * b['lstm_total'] / p['lstm_median_s'] / 1e9:6.1f} GFLOP/s), "
                     f"sum {1e3 * (p['encoder_median_s'] + p['lstm_median_s']):7.1f} ms vs whole bilm "

@@ -127,9 +127,12 @@ def _eval(args: argparse.Namespace) -> int:
     source = make_source(data, "test", data_dir_for(data, args.data_dir or loaded.train_config.data_dir,
                                                     loaded.workdir))
     max_batches = args.max_batches
-    if max_batches is None and not args.data:  # the run's own held-out set, capped as in training
-        max_batches = loaded.train_config.eval_max_batches
+    if max_batches is None and not args.data:  # the run's own held-out set, capped as in training:
+        cap = loaded.eval_max_batches  # of 32 rows (the latest start's setting, from the checkpoint)
+        if cap is not None:  # the same number of positions whatever --batch-size
+            max_batches = max(1, -(-cap * 32 // args.batch_size))
     result = evaluate(loaded.params, loaded.model_config, source, loaded.vocab, batch_size=args.batch_size,
+                      unroll_steps=loaded.train_config.unroll_steps,
                       max_batches=max_batches)
     print(f"step {loaded.step}: perplexity {result['perplexity']:.3f} (forward {result['fwd_perplexity']:.3f}, "
           f"backward {result['bwd_perplexity']:.3f}) over {result['tokens']} tokens of {data}")

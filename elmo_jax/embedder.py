@@ -145,6 +145,7 @@ class Elmo:
         self.compiled_shapes: set[tuple[int, int]] = set()
         self.compiled_cache_shapes: set[tuple[str, int] | tuple[str, int, int]] = set()
         self._state: dict | None = None
+        self._zero_states: dict[int, dict] = {}
         self._forward = jax.jit(functools.partial(bilm, dtype=self.dtype), static_argnums=1)
         self._forward_vectors = jax.jit(functools.partial(bilm_from_token_vectors, dtype=self.dtype),
                                         static_argnums=1)
@@ -422,7 +423,9 @@ class Elmo:
                 self._state = zero_state(self.config, self.batch_size)
             state = jax.tree.map(lambda s: s[:, :, :n_rows], self._state)
         else:  # an explicit zero state: stateless and stateful calls share one executable
-            state = zero_state(self.config, n_rows)
+            if n_rows not in self._zero_states:  # made once per row count (arrays are immutable)
+                self._zero_states[n_rows] = zero_state(self.config, n_rows)
+            state = self._zero_states[n_rows]
         if self._cache_vectors is not None and not _same_leaves(self._cache_params, jax.tree.leaves(self.params)):
             warnings.warn("elmo.params changed since the token cache was built: the cache belonged to the old "
                           "parameters and was dropped; call cache_vocabulary(...) again for the new ones",

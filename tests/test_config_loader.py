@@ -243,11 +243,6 @@ def test_unknown_key_lists_valid_keys():
         apply_overrides(TrainConfig(), ["batch_size.x=3"])
 
 
-def test_synthetic_data_refuses_another_heldout_set():
-    with pytest.raises(ConfigError, match="heldout cannot be set with it"):
-        apply_overrides(TrainConfig(), ["heldout=mine.txt"])
-
-
 def test_values_are_stripped_unless_quoted():
     cfg = apply_overrides(TrainConfig(data="train.txt"), ["optimizer= adam ", "seed= 3", "heldout= 'my file.txt'"])
     assert (cfg.optimizer, cfg.seed, cfg.heldout) == ("adam", 3, "my file.txt")

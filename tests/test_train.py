@@ -350,3 +350,11 @@ def test_report_uses_the_optimum_of_the_models_vocabulary(tmp_path):
     optimum = {text: float(text.split("generator's optimum")[1].split()[0]) for text in (full, cut)}
     assert "bigram baseline" in full and "not comparable" in cut and "bigram baseline" not in cut
     assert optimum[cut] < optimum[full]  # more targets are one <UNK> event: easier
+
+
+def test_synthetic_data_refuses_another_heldout_set_for_a_new_run(tmp_path):
+    cfg = TrainConfig(model="tiny", model_overrides=MICRO, corpus_size=50, heldout=_corpus(tmp_path),
+                      max_steps=1, batch_size=2, unroll_steps=5, num_negatives=4)
+    with pytest.raises(TrainingError, match="heldout cannot be set with it"):
+        train(cfg, str(tmp_path / "run"), progress=False)
+    assert not (tmp_path / "run" / "corpus").exists()  # refused before anything is written

@@ -210,9 +210,6 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"parallel {cfg.parallel!r} is not supported; use one of {', '.join(PARALLEL_MODES)}")
     if not cfg.data:
         raise ConfigError("data must name a corpus source, e.g. 'synthetic' or 'lm1b'")
-    if cfg.data == "synthetic" and cfg.heldout is not None:
-        raise ConfigError("data='synthetic' evaluates on the corpus's own held-out sentences (their optimum "
-                          "is known); heldout cannot be set with it: train on a text file to use your own")
     for name in ("data", "heldout"):
         value = getattr(cfg, name)
         if value is not None and value != value.strip():

@@ -44,6 +44,7 @@ class LoadedCheckpoint:
     train_config: TrainConfig
     vocab: Vocabulary
     heldout_spec: str | None
+    eval_max_batches: int | None = None  # the setting of the start that wrote the checkpoint
 
 
 def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) -> LoadedCheckpoint:
@@ -64,13 +65,15 @@ def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) 
         template = jax.eval_shape(
             lambda: (init_train_state(jax.random.key(0), model_config, len(vocab), optimizer),
                      # The stored LSTM state holds the rows of all processes.
-                     zero_state(model_config, int(meta.get("global_batch") or train_config.batch_size)))
+                     zero_state(model_config, int(meta.get("global_batch") or meta.get("local_batch")
+                                                 or train_config.batch_size)))
         )
         (train_state, _), meta = ckpts.restore(template, step)
     finally:
         ckpts.close()
+    eval_max_batches = meta.get("config", {}).get("eval_max_batches", train_config.eval_max_batches)
     return LoadedCheckpoint(workdir, step, train_state["params"], model_config, train_config, vocab,
-                            meta.get("heldout"))
+                            meta.get("heldout"), eval_max_batches)
 
 
 def export(workdir: str | os.PathLike, out_dir: str | os.PathLike, step: int | None = None,

@@ -146,6 +146,13 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
     if cfg.data == "synthetic":
         from elmo_jax.data import synthetic
 
+        if cfg.heldout is not None:
+            message = ("data='synthetic' evaluates on the corpus's own held-out sentences (their optimum is "
+                       "known); heldout cannot be set with it: train on a text file to use your own")
+            if may_rebuild:  # a new run; an earlier version's run that set it resumes as before
+                raise TrainingError(message)
+            log(f"heldout {cfg.heldout!r} is ignored: {message}")
+
         corpus_dir = os.path.join(workdir, "corpus")
         stats_path = os.path.join(corpus_dir, "stats.json")
         n_train = cfg.corpus_size or synthetic.DEFAULT_N_TRAIN
@@ -203,10 +210,14 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
 def data_dir_for(spec: str, data_dir: str | None, workdir: str) -> str | None:
     """Where the data of ``spec`` lives when ``data_dir`` is not set: TFDS ``lm1b`` in TFDS's
     own folder (``$TFDS_DATA_DIR`` or ``~/tensorflow_datasets``, where ``tfds build`` puts
-    it; None here), text this package prepares in ``WORKDIR/tfds``, beside the run."""
+    it; None here) unless a ``WORKDIR/tfds/lm1b`` exists, text this package prepares in
+    ``WORKDIR/tfds``, beside the run."""
     if data_dir:
         return data_dir
-    return None if spec.strip() in ("lm1b", "tfds:lm1b") else os.path.join(workdir, "tfds")
+    beside_run = os.path.join(workdir, "tfds")
+    if spec.strip() in ("lm1b", "tfds:lm1b"):  # runs of earlier versions kept lm1b beside the run
+        return beside_run if os.path.isdir(os.path.join(beside_run, "lm1b")) else None
+    return beside_run
 
 
 def default_heldout(data: str) -> str | None:
