@@ -179,7 +179,12 @@ def test_eval_command_reports_heldout_perplexity(tmp_path, capsys):
     capped = train(cfg.replace(max_steps=4, eval_max_batches=1), str(tmp_path / "run"), progress=False)
     assert capped["start_step"] == 3
     assert 0 < capped["eval"]["tokens"] <= 32 * cfg.unroll_steps < summary["eval"]["tokens"]
+    # The CLI caps the run's own held-out set as the latest start did (from the checkpoint,
+    # config.json still holds the first start's None), in positions whatever --batch-size.
     capsys.readouterr()
+    assert main(["eval", str(tmp_path / "run"), "--batch-size", "1"]) == 0
+    scored = int(capsys.readouterr().out.split(" over ")[1].split()[0])
+    assert cfg.unroll_steps < scored <= 32 * cfg.unroll_steps < summary["eval"]["tokens"]
     assert main(["eval", str(tmp_path / "run"), "--max-batches", "0"]) == 2  # not a perplexity of 1.0
     assert "max_batches must be >= 1" in capsys.readouterr().err
     empty = tmp_path / "empty.txt"
