@@ -56,3 +56,24 @@ def test_a_failed_first_round_keeps_the_rounds_that_worked():
     assert row["ours"]["tokens_per_s"] == 110.0 and "error" not in row["ours"]
     assert row["ours"]["failed_rounds"] == ["timed out"] and len(row["ours"]["rounds"]) == 2
     assert row["round_ratios"] == [2.0, 2.4]
+
+
+def test_accelerator_script_stages_accept_their_options(tmp_path):
+    """A lent GPU is rare and its minutes scarce: every stage of accelerator.sh must get past
+    its option parsing.  On the CPU with 6 s per stage each stage is cut at its limit (or
+    finishes); an option that a script no longer knows would end its stage at once with
+    exit 2, which is what this looks for."""
+    limits = {name: "6" for name in ("TRAIN_TIMEOUT", "EMBED_TIMEOUT", "AGREE_TIMEOUT",
+                                     "TRAIN_LARGE_TIMEOUT", "TEST_TIMEOUT")}
+    out = tmp_path / "out"
+    proc = subprocess.run(["bash", str(REPO / "benchmarks" / "accelerator.sh"), str(out)],
+                          capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env={"PATH": "/usr/bin:/bin", "PYTHON": sys.executable, "HOME": str(tmp_path),
+                               "JAX_PLATFORMS": "cpu", **limits})
+    log = (out / "run.log").read_text()
+    ends = [line for line in log.splitlines() if line.startswith("== stage ")]
+    assert [line.split()[2] for line in ends] == ["train:", "embed:", "agreement:", "train_large:", "tests:"], log
+    for line in ends:
+        assert "CUT at its 6 s limit" in line or ": exit 0 " in line, f"{line}\n{log}"
+    assert "error:" not in log and "unrecognized arguments" not in log, log
+    assert proc.returncode in (0, 1)
