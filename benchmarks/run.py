@@ -3,14 +3,14 @@
 FLOP utilisation against a measured matmul peak, and AllenNLP's PyTorch ELMo as the peer on
 the same weights and sentences.  See benchmarks/README.md.
 
-    python benchmarks/run.py                # full: small, medium, original (~15 min on 2 cores)
+    python benchmarks/run.py                # full: small, medium, original (~18 min on 2 cores: run 1 took 1,069 s)
     python benchmarks/run.py --quick        # smoke test: small only, fewer repetitions
     python benchmarks/run.py --presets small,original --out results.json
 
 Every measurement runs in its own subprocess (``worker.py`` for elmo_jax,
 ``peer_allennlp.py`` in the peer's virtual environment), so compile caches and peak resident
 memory belong to one configuration.  The peer environment is built by
-``bash shared/peers/allennlp-env.sh DIR``; pass ``--peer-env DIR`` (default ``$ELMO_PEER_ENV``
+``bash ../shared/peers/allennlp-env.sh DIR``; pass ``--peer-env DIR`` (default ``$ELMO_PEER_ENV``
 or /work/peer-env).  Without it the suite still runs and says the peer is unavailable.
 """
 
@@ -191,7 +191,7 @@ class Suite:
             r["peer"] = {"available": False, "reason": "--no-peer"}
         elif not os.path.exists(os.path.join(self.peer_env, "bin", "python")):
             r["peer"] = {"available": False, "reason": f"no peer environment at {self.peer_env} "
-                         f"(build it: bash shared/peers/allennlp-env.sh {self.peer_env})"}
+                         f"(build it: bash ../shared/peers/allennlp-env.sh {self.peer_env})"}
         else:
             pinfo = self.peer("info")
             if "error" in pinfo:

@@ -13,7 +13,7 @@ def get_config() -> TrainConfig:
     return TrainConfig(
         model="tiny",
         data="synthetic",
-        batch_size=32,  # global, split over the local devices
+        batch_size=32,  # global: split over all devices of all processes
         unroll_steps=20,
         num_negatives=8192,
         optimizer="adam",

@@ -190,19 +190,25 @@ def build_parser() -> argparse.ArgumentParser:
     tr = sub.add_parser(
         "train", help="pretrain a biLM (default: configs/tiny.py on the embedded corpus)",
         description="Pretrain a biLM. Config: --config configs/NAME.py, overrides --config.KEY=VALUE.",
+        usage="%(prog)s [--config FILE] [--config.KEY=VALUE ...] [options]",
+        epilog="config: --config FILE picks a config file (default configs/tiny.py); --config.KEY=VALUE "
+               "(or --config.KEY VALUE) overrides one of its fields, e.g. --config.max_steps=1000 "
+               "--config.model_overrides.dim=512; an unknown KEY is refused with the list of valid ones",
     )
     tr.add_argument("--workdir", help="run folder: checkpoints, metrics, vocab (default runs/<model>)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
     tr.add_argument("--distributed", action="store_true",
                     help="join a multi-process job: jax.distributed.initialize() with the flags below, "
                          "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID, or what jax detects "
-                         "from the launcher (SLURM, Open MPI, Cloud TPU); any flag below implies it")
+                         "from the launcher (SLURM, Open MPI, Cloud TPU); --coordinator, --num-processes or "
+                         "--process-id imply it")
     tr.add_argument("--coordinator", metavar="HOST:PORT",
                     help="address of process 0's coordination service (the same on every process)")
     tr.add_argument("--num-processes", type=int, metavar="N", help="processes in the job")
     tr.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0..N-1")
     tr.add_argument("--heartbeat-timeout", type=int, metavar="S",
-                    help="seconds after which a silent process counts as dead and the job stops (default 60)")
+                    help="seconds after which a silent process counts as dead and the job stops (default 60; "
+                         "multi-process jobs only)")
     tr.set_defaults(func=_train)
 
     ev = sub.add_parser("eval", help="held-out perplexity of a run's checkpoint (full softmax)")
@@ -211,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--data-dir", help="where prepared data lives (default: the run's data_dir, else WORKDIR/tfds for text "
                          "and TFDS's own folder for lm1b)")
     ev.add_argument("--step", type=int, help="checkpoint step (default latest)")
-    ev.add_argument("--batch-size", type=int, default=32)
+    ev.add_argument("--batch-size", type=int, default=32, help="rows per batch (default 32)")
     ev.add_argument("--max-batches", type=int,
                     help="score only the first N batches (default: the run's eval_max_batches for its own "
                          "held-out set, else all)")

@@ -40,7 +40,8 @@ Token-vector cache
 context-free vectors ``[n_vocab, P]`` (layer 0's first half).  While a cache is set,
 ``embed`` looks cached words up instead of running the CNN; only the group's distinct
 uncached words go through the CNN (padded to a power of two >= 16 tokens, so that encoder
-compiles at most ``log2(batch_size * time) - 3`` times per time bucket), and the LSTMs run
+compiles at most ``ceil(log2(batch_size * T)) - 3`` times in all, ``T`` the longest time
+bucket used: the sizes 16, 32, ... are shared by every bucket), and the LSTMs run
 from the token vectors (:func:`elmo_jax.model.bilm.bilm_from_token_vectors`).  The results
 equal the uncached ones to float rounding (<= 1e-6); calls under another
 ``jax.default_matmul_precision`` than the cache was computed under bypass it.  Those compilations are listed in

@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("model_dir", nargs="?", help="an exported model folder (default: pretrain a tiny one)")
     ap.add_argument("--quick", action="store_true", help="tiny everything (seconds; for tests)")
     ap.add_argument("--workdir", help="where to pretrain and keep the corpus (default: a temp folder)")
-    ap.add_argument("--steps", type=int, help="head training steps (default 400, --quick 60)")
+    ap.add_argument("--steps", type=int, help="head training steps (default 400, --quick 150)")
     args = ap.parse_args(argv)
 
     workdir = args.workdir or tempfile.mkdtemp(prefix="elmo-finetune-")

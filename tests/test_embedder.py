@@ -356,3 +356,24 @@ def test_arrays_over_several_groups_are_contiguous_separate_and_each_sentences_o
     before = out[1].copy()
     out[0][...] = 7.0
     np.testing.assert_array_equal(out[1], before)
+
+
+def test_token_cache_encoder_compiles_stay_within_the_documented_bound():
+    """Uncached words are encoded in power-of-two batches of >= 16 tokens: at most
+    ``ceil(log2(batch_size * T)) - 3`` encoder shapes in all (``T`` the longest time bucket)."""
+    import math
+
+    from elmo_jax.embedder import time_bucket
+
+    elmo = Elmo.random("tiny", seed=3, batch_size=64)
+    elmo.cache_vocabulary(["the"])
+    longest = 0
+    for n_sentences, n_words in ((1, 5), (3, 6), (3, 7), (16, 8), (64, 8)):
+        longest = max(longest, n_words)
+        # Every word new, so each group sends n_sentences * n_words words through the CNN.
+        out = elmo.embed([[f"w{n_sentences}_{i}_{j}" for j in range(n_words)] for i in range(n_sentences)])
+        assert [v.shape[1] for v in out] == [n_words] * n_sentences
+    shapes = sorted(n for kind, n, *_ in elmo.compiled_cache_shapes if kind == "encoder")
+    assert shapes[0] >= 16 and all(n & (n - 1) == 0 for n in shapes), shapes
+    assert len(shapes) <= math.ceil(math.log2(64 * time_bucket(longest))) - 3, (shapes, longest)
+    assert shapes == [16, 32, 128, 512]  # 5, 18, 21, 128 and 512 new words

@@ -329,3 +329,10 @@ def test_launch_settings_from_flags_and_environment():
     assert (s.coordinator, s.num_processes, s.process_id) == (None, None, None)
     with pytest.raises(DistributedError, match="not in 0..1"):
         settings_from_args(args(num_processes=2, process_id=2), {})
+    # A heartbeat is for a job of several processes: on its own it would silently do nothing.
+    assert settings_from_args(args(distributed=True, heartbeat_timeout=5), {}).heartbeat_timeout_s == 5
+    assert settings_from_args(args(heartbeat_timeout=5), env).heartbeat_timeout_s == 5
+    with pytest.raises(DistributedError, match="only applies to a multi-process job.*add --distributed"):
+        settings_from_args(args(heartbeat_timeout=5), {})
+    with pytest.raises(DistributedError, match="at least 1 second, got 0"):
+        settings_from_args(args(distributed=True, heartbeat_timeout=0), {})

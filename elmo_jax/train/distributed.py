@@ -65,7 +65,8 @@ def settings_from_args(args, environ=None) -> Settings | None:
     A run is distributed when ``--distributed`` is given, when any of ``--coordinator`` /
     ``--num-processes`` / ``--process-id`` is given, or when ``JAX_NUM_PROCESSES`` (or
     ``JAX_COORDINATOR_ADDRESS``) is set in the environment.  Flags win over the environment;
-    what neither gives is left to jax's launcher auto-detection.
+    what neither gives is left to jax's launcher auto-detection.  ``--heartbeat-timeout``
+    on a single-process run is refused: it would do nothing.
     """
     environ = os.environ if environ is None else environ
     coordinator = getattr(args, "coordinator", None) or environ.get(ENV_COORDINATOR) or None
@@ -77,14 +78,20 @@ def settings_from_args(args, environ=None) -> Settings | None:
         process_id = _env_int(ENV_PROCESS_ID, environ)
     explicit = any(getattr(args, k, None) is not None for k in ("coordinator", "num_processes", "process_id"))
     from_env = environ.get(ENV_NUM_PROCESSES) not in (None, "") or environ.get(ENV_COORDINATOR) not in (None, "")
+    heartbeat = getattr(args, "heartbeat_timeout", None)
+    if heartbeat is not None and heartbeat < 1:
+        raise DistributedError(f"--heartbeat-timeout must be at least 1 second, got {heartbeat}")
     if not (getattr(args, "distributed", False) or explicit or from_env):
+        if heartbeat is not None:
+            raise DistributedError(
+                "--heartbeat-timeout only applies to a multi-process job, and this run is a single process; "
+                "add --distributed (or --coordinator/--num-processes/--process-id), or drop the flag")
         return None
     if num_processes is not None and num_processes < 1:
         raise DistributedError(f"--num-processes must be >= 1, got {num_processes}")
     if process_id is not None and num_processes is not None and not 0 <= process_id < num_processes:
         raise DistributedError(f"--process-id {process_id} is not in 0..{num_processes - 1}")
-    heartbeat = getattr(args, "heartbeat_timeout", None) or DEFAULT_HEARTBEAT_TIMEOUT_S
-    return Settings(coordinator, num_processes, process_id, int(heartbeat))
+    return Settings(coordinator, num_processes, process_id, int(heartbeat or DEFAULT_HEARTBEAT_TIMEOUT_S))
 
 
 def _accelerator_plugin_present() -> bool:
