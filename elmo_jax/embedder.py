@@ -209,7 +209,13 @@ class Elmo:
         return cls(config, init_params(jax.random.key(seed), config), batch_size=batch_size, dtype=dtype)
 
     def save(self, model_dir: str | os.PathLike, overwrite: bool = False) -> None:
-        """Write ``options.json`` + ``weights.hdf5`` in the released models' layout."""
+        """Write ``options.json`` + ``weights.hdf5`` in the released models' layout.
+
+        Both files are written under temporary names first and renamed into place only when
+        both are complete, so a failure while writing (a full disk, Ctrl-C) leaves an
+        existing pair as it was: never new weights beside old options.  Other files in
+        ``model_dir`` are left alone.
+        """
         model_dir = os.fspath(model_dir)
         targets = [os.path.join(model_dir, n) for n in (OPTIONS_FILE, WEIGHTS_FILE)]
         existing = [t for t in targets if os.path.exists(t)]
@@ -218,8 +224,9 @@ class Elmo:
                 f"{', '.join(existing)} already exist(s); pass overwrite=True to replace"
             )
         os.makedirs(model_dir, exist_ok=True)
-        save_weights(self.params, self.config, targets[1])
-        self.config.to_json_file(targets[0])
+        with atomic_path(targets[1]) as weights_tmp, atomic_path(targets[0]) as options_tmp:
+            save_weights(self.params, self.config, weights_tmp)
+            self.config.to_json_file(options_tmp)
 
     # -- compilation bound ------------------------------------------------------------
     def max_compiled_shapes(self, max_len: int, batch_size: int | None = None) -> int:

@@ -71,6 +71,37 @@ def test_save_load_round_trip(tiny, tmp_path):
     tiny.save(tmp_path / "m", overwrite=True)
 
 
+@pytest.mark.parametrize("fails_in", ["weights", "options"])
+def test_an_interrupted_overwrite_keeps_the_old_pair(tmp_path, monkeypatch, fails_in):
+    """Weights and options are renamed into place together, after both are written: a
+    failure while writing either leaves the old model loadable, never new weights beside old
+    options (which would not load: the shapes disagree)."""
+    import elmo_jax.embedder as embedder_module
+
+    old = Elmo.random("tiny", seed=0)
+    old.save(tmp_path / "m")
+    (tmp_path / "m" / "notes.txt").write_text("kept")
+    other = ElmoConfig.preset("tiny").replace(dim=48)
+    new = Elmo.random(other, seed=1)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    if fails_in == "weights":
+        monkeypatch.setattr(embedder_module, "save_weights", interrupted)
+    else:
+        monkeypatch.setattr(ElmoConfig, "to_json_file", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        new.save(tmp_path / "m", overwrite=True)
+    monkeypatch.undo()
+    assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["notes.txt", "options.json", "weights.hdf5"]
+    again = Elmo.load(tmp_path / "m")
+    assert again.config == old.config
+    np.testing.assert_array_equal(again.embed(["x y"])[0], old.embed(["x y"])[0])
+    new.save(tmp_path / "m", overwrite=True)
+    assert Elmo.load(tmp_path / "m").config == other
+
+
 def test_load_errors_name_the_problem(tmp_path):
     with pytest.raises(FileNotFoundError, match="model folder not found"):
         Elmo.load(tmp_path / "nope")

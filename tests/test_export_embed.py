@@ -1,6 +1,8 @@
 """A trained model as users get it: export -> Elmo.load -> embed, and weight-file interop."""
 
 import json
+import os
+from unittest import mock
 
 import h5py
 import jax
@@ -68,6 +70,24 @@ def test_export_load_embed_equals_checkpoint_forward(tmp_path):
     plain, _ = bilm(ckpt.params["bilm"], ckpt.model_config, batch_to_ids(tokens, 12))
     for i, t in enumerate(tokens):
         np.testing.assert_allclose(got[i], np.asarray(plain)[:, i, : len(t)], atol=1e-6, rtol=0)
+
+    # --overwrite: a failure while swapping the new folder in puts the old one back whole.
+    (tmp_path / "model" / "mine.txt").write_text("old export")
+    real_replace = os.replace
+
+    def failing_replace(src, dst):
+        if os.fspath(dst) == os.fspath(tmp_path / "model"):
+            raise OSError("simulated failure")
+        return real_replace(src, dst)
+
+    with mock.patch("os.replace", failing_replace), pytest.raises(OSError, match="simulated"):
+        export(tmp_path / "run", tmp_path / "model", overwrite=True)
+    assert (tmp_path / "model" / "mine.txt").read_text() == "old export"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model")) == ["model"]
+    export(tmp_path / "run", tmp_path / "model", overwrite=True)
+    assert not (tmp_path / "model" / "mine.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model")) == ["model"]
+    assert Elmo.load(tmp_path / "model").config == ckpt.model_config
 
 
 def test_load_tolerates_released_file_names_and_extra_files(tmp_path):
