@@ -60,10 +60,10 @@ def test_a_failed_first_round_keeps_the_rounds_that_worked():
 
 def test_accelerator_script_stages_accept_their_options(tmp_path):
     """A lent GPU is rare and its minutes scarce: every stage of accelerator.sh must get past
-    its option parsing.  On the CPU with 6 s per stage each stage is cut at its limit (or
+    its option parsing.  On the CPU with 4 s per stage each stage is cut at its limit (or
     finishes); an option that a script no longer knows would end its stage at once with
     exit 2, which is what this looks for."""
-    limits = {name: "6" for name in ("TRAIN_TIMEOUT", "EMBED_TIMEOUT", "AGREE_TIMEOUT",
+    limits = {name: "4" for name in ("TRAIN_TIMEOUT", "EMBED_TIMEOUT", "AGREE_TIMEOUT",
                                      "TRAIN_LARGE_TIMEOUT", "TEST_TIMEOUT")}
     out = tmp_path / "out"
     proc = subprocess.run(["bash", str(REPO / "benchmarks" / "accelerator.sh"), str(out)],
@@ -74,6 +74,6 @@ def test_accelerator_script_stages_accept_their_options(tmp_path):
     ends = [line for line in log.splitlines() if line.startswith("== stage ")]
     assert [line.split()[2] for line in ends] == ["train:", "embed:", "agreement:", "train_large:", "tests:"], log
     for line in ends:
-        assert "CUT at its 6 s limit" in line or ": exit 0 " in line, f"{line}\n{log}"
+        assert "CUT at its 4 s limit" in line or ": exit 0 " in line, f"{line}\n{log}"
     assert "error:" not in log and "unrecognized arguments" not in log, log
     assert proc.returncode in (0, 1)
