@@ -227,7 +227,8 @@ def build_parser() -> argparse.ArgumentParser:
     ex.add_argument("workdir")
     ex.add_argument("out_dir")
     ex.add_argument("--step", type=int, help="checkpoint step (default latest)")
-    ex.add_argument("--overwrite", action="store_true")
+    ex.add_argument("--overwrite", action="store_true",
+                    help="replace OUT_DIR if it holds an earlier export (and nothing else)")
     ex.set_defaults(func=_export)
 
     em = sub.add_parser(

@@ -135,7 +135,9 @@ class ElmoConfig:
                 "embedding": {"dim": c.embedding_dim},
                 "filters": [[w, n] for w, n in c.filters],
                 "n_highway": c.n_highway,
-                "n_characters": c.n_characters,
+                # The inference table's size, whichever form this config was built with: a
+                # file saying 261 next to a 262-row table is what trips other readers up.
+                "n_characters": chars.N_CHARS,
                 "max_characters_per_token": c.max_characters_per_token,
                 "activation": c.activation,
             },
@@ -156,6 +158,14 @@ class ElmoConfig:
                 f"{source}: char_cnn.n_characters is {n_chars}; ELMo models use 261 (training) "
                 f"or 262 (inference, with a padding row)"
             )
+        try:
+            return cls._from_fields(cnn, emb, lstm, filters, source)
+        except ConfigError as e:  # a range check of __post_init__ does not know the file: add it
+            message = str(e)
+            raise ConfigError(message if message.startswith(f"{source}:") else f"{source}: {message}") from None
+
+    @classmethod
+    def _from_fields(cls, cnn: dict, emb: dict, lstm: dict, filters, source: str) -> "ElmoConfig":
         return cls(
             char_cnn=CharCNNConfig(
                 embedding_dim=_field(emb, "dim", int, source, "char_cnn.embedding."),

@@ -34,6 +34,9 @@ def test_261_and_262_characters_are_the_same_model():
     options = ElmoConfig.preset("small").to_options()
     options["char_cnn"]["n_characters"] = 261
     assert ElmoConfig.from_options(options) == ElmoConfig.preset("small")
+    # A config built with 261 still writes the inference table's 262 (its weight file has 262 rows).
+    built = ElmoConfig.preset("small").replace(n_characters=261)
+    assert built.to_options()["char_cnn"]["n_characters"] == 262
 
 
 def test_fixture_options_load(bilm_fixtures):
@@ -52,13 +55,15 @@ def test_fixture_options_load(bilm_fixtures):
         (lambda o: o["char_cnn"].update(n_characters=300), "n_characters"),
         (lambda o: o["char_cnn"].update(filters=[[1, "a"]]), "filters"),
         (lambda o: o["lstm"].update(cell_clip="3"), "cell_clip"),
+        (lambda o: o["char_cnn"].update(max_characters_per_token=2), "max_characters_per_token must be >= 3"),
     ],
 )
 def test_bad_options_name_the_field(mutate, message):
     options = ElmoConfig.preset("tiny").to_options()
     mutate(options)
-    with pytest.raises(ConfigError, match=message):
-        ElmoConfig.from_options(options)
+    with pytest.raises(ConfigError, match=message) as caught:
+        ElmoConfig.from_options(options, source="m/options.json")
+    assert str(caught.value).startswith("m/options.json: ") and "m/options.json" not in str(caught.value)[17:]
 
 
 def test_options_interoperate_with_both_original_readers():

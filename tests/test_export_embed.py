@@ -71,8 +71,15 @@ def test_export_load_embed_equals_checkpoint_forward(tmp_path):
     for i, t in enumerate(tokens):
         np.testing.assert_allclose(got[i], np.asarray(plain)[:, i, : len(t)], atol=1e-6, rtol=0)
 
-    # --overwrite: a failure while swapping the new folder in puts the old one back whole.
-    (tmp_path / "model" / "mine.txt").write_text("old export")
+    # --overwrite replaces an earlier export, never a folder holding anything else.
+    (tmp_path / "model" / "mine.txt").write_text("a user's file")
+    with pytest.raises(FileExistsError, match=r"not part of an export \(mine.txt\).*would delete them"):
+        export(tmp_path / "run", tmp_path / "model", overwrite=True)
+    assert (tmp_path / "model" / "mine.txt").read_text() == "a user's file"
+    (tmp_path / "model" / "mine.txt").unlink()
+    # A failure while swapping the new folder in puts the old one back whole.
+    with open(tmp_path / "model" / "vocab.txt", "a", encoding="utf-8") as f:
+        f.write("old-export-marker\n")
     real_replace = os.replace
 
     def failing_replace(src, dst):
@@ -82,10 +89,10 @@ def test_export_load_embed_equals_checkpoint_forward(tmp_path):
 
     with mock.patch("os.replace", failing_replace), pytest.raises(OSError, match="simulated"):
         export(tmp_path / "run", tmp_path / "model", overwrite=True)
-    assert (tmp_path / "model" / "mine.txt").read_text() == "old export"
+    assert "old-export-marker" in (tmp_path / "model" / "vocab.txt").read_text(encoding="utf-8")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model")) == ["model"]
     export(tmp_path / "run", tmp_path / "model", overwrite=True)
-    assert not (tmp_path / "model" / "mine.txt").exists()
+    assert "old-export-marker" not in (tmp_path / "model" / "vocab.txt").read_text(encoding="utf-8")
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("model")) == ["model"]
     assert Elmo.load(tmp_path / "model").config == ckpt.model_config
 

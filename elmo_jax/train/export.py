@@ -33,6 +33,8 @@ from elmo_jax.model.lstm import zero_state
 from elmo_jax.weights import save_weights
 
 SOFTMAX_FILE = "softmax.hdf5"
+EXPORT_FILES = ("options.json", "weights.hdf5", "vocab.txt", SOFTMAX_FILE)
+"""What :func:`export` writes; ``--overwrite`` replaces a folder holding nothing else."""
 
 
 @dataclasses.dataclass
@@ -84,8 +86,14 @@ def export(workdir: str | os.PathLike, out_dir: str | os.PathLike, step: int | N
     if os.path.commonpath([run, os.path.realpath(out_dir)]) == os.path.realpath(out_dir):
         raise ElmoError(f"the output folder {out_dir} is or contains the training workdir {run}; "
                         f"replacing it would delete the run's checkpoints: choose another folder")
-    if os.path.exists(out_dir) and os.listdir(out_dir) and not overwrite:
-        raise FileExistsError(f"{out_dir} exists and is not empty; pass --overwrite to replace it")
+    if os.path.exists(out_dir) and os.listdir(out_dir):
+        if not overwrite:
+            raise FileExistsError(f"{out_dir} exists and is not empty; pass --overwrite to replace it")
+        others = sorted(set(os.listdir(out_dir)) - set(EXPORT_FILES))
+        if others:
+            raise FileExistsError(
+                f"{out_dir} holds files that are not part of an export ({', '.join(others)}); --overwrite "
+                f"replaces the whole folder and would delete them: move them out or choose another folder")
     loaded = load_checkpoint_params(workdir, step)
     tmp = f"{out_dir}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
