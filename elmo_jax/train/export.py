@@ -25,6 +25,7 @@ import numpy as np
 
 from elmo_jax.config import ElmoConfig
 from elmo_jax.data.vocab import Vocabulary
+from elmo_jax.embedder import OPTIONS_FILE, WEIGHTS_FILE
 from elmo_jax.errors import ElmoError
 from elmo_jax.train.checkpoints import Checkpoints
 from elmo_jax.train.config_loader import TrainConfig
@@ -33,7 +34,8 @@ from elmo_jax.model.lstm import zero_state
 from elmo_jax.weights import save_weights
 
 SOFTMAX_FILE = "softmax.hdf5"
-EXPORT_FILES = ("options.json", "weights.hdf5", "vocab.txt", SOFTMAX_FILE)
+VOCAB_FILE = "vocab.txt"
+EXPORT_FILES = (OPTIONS_FILE, WEIGHTS_FILE, VOCAB_FILE, SOFTMAX_FILE)
 """What :func:`export` writes; ``--overwrite`` replaces a folder holding nothing else."""
 
 
@@ -99,9 +101,9 @@ def export(workdir: str | os.PathLike, out_dir: str | os.PathLike, step: int | N
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
     try:
-        loaded.model_config.to_json_file(os.path.join(tmp, "options.json"))
-        save_weights(loaded.params["bilm"], loaded.model_config, os.path.join(tmp, "weights.hdf5"))
-        loaded.vocab.save(os.path.join(tmp, "vocab.txt"))
+        loaded.model_config.to_json_file(os.path.join(tmp, OPTIONS_FILE))
+        save_weights(loaded.params["bilm"], loaded.model_config, os.path.join(tmp, WEIGHTS_FILE))
+        loaded.vocab.save(os.path.join(tmp, VOCAB_FILE))
         with h5py.File(os.path.join(tmp, SOFTMAX_FILE), "w") as f:
             f.create_dataset("softmax/W", data=np.asarray(loaded.params["softmax"]["w"], np.float32))
             f.create_dataset("softmax/b", data=np.asarray(loaded.params["softmax"]["b"], np.float32))
