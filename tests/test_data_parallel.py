@@ -1,4 +1,5 @@
-"""4 emulated CPU devices give the loss and update of 1 device on the same global batch.
+"""4 emulated CPU devices give the loss and update of 1 device on the same global batch, and
+each runner compiles its step once: steps after the first compile nothing.
 
 XLA_FLAGS must be set before jax is imported, so the check runs in a subprocess.
 """
@@ -23,6 +24,9 @@ SCRIPT = textwrap.dedent(
     from elmo_jax.train.step import init_train_state, make_optimizer, train_step
 
     assert jax.device_count() == 4, jax.devices()
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, secs, **kw: compiles.append(event) if event.endswith("backend_compile_duration") else None)
     cfg = ElmoConfig.preset("tiny").replace(dim=16, projection_dim=8, filters=((1, 8), (2, 8)))
     rng = np.random.default_rng(0)
     words = [f"w{i}" for i in range(40)]
@@ -47,9 +51,13 @@ SCRIPT = textwrap.dedent(
         runner = make_runner(kind, kwargs)
         s, l, losses = runner.put_train_state(state0), runner.put_rows(lstm0, axis=2), []
         for i, b in enumerate(batches):
-            s, l, m = runner.step(s, l, runner.put_rows(b), jax.random.key(i),
-                                  runner.dropout_rngs(jax.random.key(100 + i)))
+            d_batch, keys = runner.put_rows(b), (jax.random.key(i), runner.dropout_rngs(jax.random.key(100 + i)))
+            before = len(compiles)
+            s, l, m = runner.step(s, l, d_batch, *keys)
             losses.append(float(runner.metrics(m)["loss"]))
+            if i > 0:
+                out[kind + "_compiles_after_first_step"] = out.get(kind + "_compiles_after_first_step", 0) + (
+                    len(compiles) - before)
         host = runner.get_train_state(s)
         out[kind] = losses
         out[kind + "_max_param_diff"] = max(
@@ -76,3 +84,5 @@ def test_four_devices_equal_one_device_full_and_sampled_softmax():
                 assert abs(a - b) <= 1e-5, (negatives, kind, out["single"], out[kind])
             assert out[kind + "_max_param_diff"] <= 1e-5, (negatives, kind, out)
         assert out["single"][0] != out["single"][-1]
+        # pmap compiled its step twice when the first step's state came from the host
+        assert out["pmap_compiles_after_first_step"] == 0 and out["mesh_compiles_after_first_step"] == 0, out

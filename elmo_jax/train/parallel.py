@@ -97,10 +97,14 @@ class PmapRunner:
             in_axes=(0, 0, 0, None, 0),
             donate_argnums=(0, 1),
         )
+        # pmap compiles once per input placement: host arrays on the first step and its own
+        # outputs afterwards would compile the step twice.  Inputs go through this identity
+        # first, so every step sees arrays placed exactly as the step returns them.
+        self._place = jax.pmap(lambda tree: tree, axis_name=AXIS)
 
     # state layout: every leaf has a leading device axis
     def put_train_state(self, state):
-        return jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (self.n_local,) + np.shape(x)), state)
+        return self._place(jax.tree.map(lambda x: np.broadcast_to(np.asarray(x), (self.n_local,) + np.shape(x)), state))
 
     def put_rows(self, tree, axis: int = 0):
         """``[.., B_local, ..]`` host arrays -> per-device shards along ``axis``."""
@@ -112,7 +116,7 @@ class PmapRunner:
             parts = np.split(x, self.n_local, axis=axis)
             return np.stack(parts)
 
-        return jax.tree.map(split, tree)
+        return self._place(jax.tree.map(split, tree))
 
     def step(self, train_state, lstm_state, batch, sample_rng, dropout_rngs):
         return self._train(train_state, lstm_state, batch, sample_rng, dropout_rngs)
