@@ -23,3 +23,29 @@ def require_fixtures() -> Path:
 @pytest.fixture
 def bilm_fixtures() -> Path:
     return require_fixtures()
+
+
+_CACHE_FOLDER = pytest.StashKey[str]()
+
+
+def pytest_configure(config):
+    """One compilation cache for this test session (a fresh folder each session, so CI times
+    stay cold-start honest): many tests build the same tiny programs, and this process
+    compiles each once.  Subprocesses started by tests do not inherit it."""
+    import tempfile
+
+    import jax
+
+    folder = tempfile.mkdtemp(prefix="elmo-jax-test-xla-cache-")
+    config.stash[_CACHE_FOLDER] = folder
+    jax.config.update("jax_compilation_cache_dir", folder)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_unconfigure(config):
+    import shutil
+
+    folder = config.stash.get(_CACHE_FOLDER, None)
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
