@@ -30,8 +30,8 @@ _CACHE_FOLDER = pytest.StashKey[str]()
 
 def pytest_configure(config):
     """One compilation cache for this test session (a fresh folder each session, so CI times
-    stay cold-start honest): many tests build the same tiny programs, and this process
-    compiles each once.  Subprocesses started by tests do not inherit it."""
+    stay cold-start honest): many tests build the same tiny programs, and each pytest-xdist
+    worker compiles each once.  Subprocesses started by tests do not inherit it."""
     import tempfile
 
     import jax
