@@ -48,8 +48,8 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 {
   date -u
   timeout 10 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv 2>/dev/null
-  timeout 20 "$py" -c "import sys, jax, jaxlib, flax, optax, numpy, h5py
-print(sys.version.split()[0], 'jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'flax', flax.__version__,
+  timeout 20 "$py" -c "import sys, jax, jaxlib, optax, orbax.checkpoint as ocp, numpy, h5py
+print(sys.version.split()[0], 'jax', jax.__version__, 'jaxlib', jaxlib.__version__, 'orbax-checkpoint', ocp.__version__,
       'optax', optax.__version__, 'numpy', numpy.__version__, 'h5py', h5py.__version__)
 print(jax.devices())"
   echo "ELMO_JAX_SHARED=${ELMO_JAX_SHARED:-<unset: fixture checks will skip>}"
