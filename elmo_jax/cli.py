@@ -158,7 +158,8 @@ def _embed(args: argparse.Namespace) -> int:
     if not args.model and not args.preset:
         raise ValueError(
             "no model: pass --model DIR (a folder with options.json + weights.hdf5, e.g. from "
-            "`elmo-jax export`); there is no downloadable default. For a trial run, "
+            "`elmo-jax export`), a released model's name (small, medium, original, original-5.5b) or "
+            "a URL; there is no downloadable default. For a trial run, "
             "--preset tiny embeds with a RANDOM model (meaningless vectors)"
         )
     if args.batch_size < 1:
@@ -171,6 +172,19 @@ def _embed(args: argparse.Namespace) -> int:
     seconds = time.perf_counter() - start
     print(f"wrote {out['sentences']} sentences ({out['tokens']} tokens, layers={args.layers}) to "
           f"{out['output']} in {seconds:.1f} s")
+    return 0
+
+
+def _download(args: argparse.Namespace) -> int:
+    """Fetch a model into the cache (elmo_jax.hub) and say where its files are."""
+    from elmo_jax.hub import resolve_model
+
+    folder = resolve_model(args.model, offline=True if args.offline else None, progress=not args.no_progress)
+    print(f"{args.model}: {folder}")
+    for f in sorted(folder.iterdir()):
+        if f.is_file():
+            print(f"  {f.name}  ({f.stat().st_size:,} bytes)")
+    print(f"load it with:  elmo_jax.Elmo.load({args.model!r})  or  elmo-jax embed IN OUT --model {args.model}")
     return 0
 
 
@@ -243,7 +257,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--top", dest="layers", action="store_const", const="top", help="the top layer")
     which.add_argument("--average", dest="layers", action="store_const", const="average",
                        help="the mean of the layers")
-    em.add_argument("--model", help="model folder (options.json + weights.hdf5)")
+    em.add_argument("--model", help="model folder (options.json + weights.hdf5), released model name "
+                                    "(small, medium, original, original-5.5b) or URL (see `elmo-jax download`)")
     em.add_argument("--preset", help="instead of --model: a RANDOM model of this preset, for trials")
     em.add_argument("--seed", type=int, default=0, help="seed of the --preset model")
     em.add_argument("--batch-size", type=int, default=64)
@@ -253,6 +268,20 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
     em.add_argument("--no-progress", action="store_true", help="no progress bar")
     em.set_defaults(func=_embed)
+
+    dl = sub.add_parser(
+        "download", help="fetch a released model (or a model URL) into the cache and print where it is",
+        description="Fetch a model into the cache ($ELMO_JAX_HOME/models, default ~/.cache/elmo-jax/models) "
+                    "and print its folder. NAME: small, medium, original, original-5.5b, or an http(s) URL of a "
+                    "model folder (ending in /), of its files' common prefix, or of a .zip/.tar.gz holding them. "
+                    "A cached model's files are checked against the sha256 recorded when they were downloaded.",
+    )
+    dl.add_argument("model", metavar="NAME", help="released model name or URL")
+    dl.add_argument("--offline", action="store_true",
+                    help="never use the network: the cached copy, or an error saying which files to put where "
+                         "(also ELMO_JAX_OFFLINE=1)")
+    dl.add_argument("--no-progress", action="store_true", help="no progress bar")
+    dl.set_defaults(func=_download)
 
     from elmo_jax.data.synthetic import add_corpus_command
 

@@ -176,6 +176,8 @@ class Elmo:
         ``elmo-jax export`` write; other files beside them, such as an export's
         ``vocab.txt`` and ``softmax.hdf5``, are ignored).  Folders of the released models,
         with one ``*options*.json`` and one ``*weights*.hdf5`` under other names, load too.
+        ``model_dir`` may also be a released model's name (``"original"``) or an http(s)
+        URL: :func:`elmo_jax.hub.resolve_model` downloads it once into the cache.
         Raises ``FileNotFoundError`` naming a missing file and
         :class:`elmo_jax.weights.WeightFileError` naming the first dataset that does not
         fit the options.
@@ -184,6 +186,11 @@ class Elmo:
             if options_file is not None or weight_file is not None:
                 raise ValueError("give either model_dir or options_file + weight_file, not both")
             model_dir = os.fspath(model_dir)
+            if not os.path.exists(model_dir):
+                from elmo_jax import hub
+
+                if hub.is_model_spec(model_dir):  # a released model's name or a URL: the cached copy
+                    model_dir = os.fspath(hub.resolve_model(model_dir))
             if os.path.isfile(model_dir):
                 raise ElmoError(
                     f"{model_dir} is a file; Elmo.load takes the model folder "
