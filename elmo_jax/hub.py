@@ -300,14 +300,15 @@ def _download(url: str, dest: Path, *, progress: bool, retry_delays_s: Sequence[
                     with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
                                                 timeout=timeout_s) as resp:
                         first = False
-                        if done and resp.status == 206 and _range_start(resp) == done:
-                            pass  # the rest of the file follows
-                        elif done:  # the file changed or the server ignores Range: start over
+                        if done and not (resp.status == 206 and _range_start(resp) == done):
+                            # The file changed (If-Range) or the server ignores Range: start over.
                             out.seek(0)
                             out.truncate()
                             done = 0
                             if bar is not None:
                                 bar.reset()
+                            if resp.status == 206:  # a part from elsewhere: ask for the whole file
+                                continue
                         if total is None:
                             total = _total_size(resp, done)
                             validator = resp.headers.get("ETag") or resp.headers.get("Last-Modified")
@@ -378,7 +379,7 @@ def _fetch_archive(url: str, staging: Path, model: Path, progress: bool, retry_d
                 z.extractall(extracted)  # member names are sanitised: nothing lands outside
         else:
             with tarfile.open(archive, "r:gz") as t:
-                t.extractall(extracted, filter="data")  # refuses links and paths leading outside
+                _extract_tar(t, extracted)
     except (zipfile.BadZipFile, tarfile.TarError, EOFError, OSError) as e:
         raise DownloadError(f"{url} is not a readable {suffix} archive ({e}); nothing was cached") from None
     archive.unlink()
@@ -387,6 +388,18 @@ def _fetch_archive(url: str, staging: Path, model: Path, progress: bool, retry_d
         if f.is_file():
             name = OPTIONS_FILE if f == options else WEIGHTS_FILE if f == weights else f.name
             os.rename(f, model / name)
+
+
+def _extract_tar(t: tarfile.TarFile, dest: Path) -> None:
+    """Extract regular files and folders only, none outside ``dest``."""
+    if hasattr(tarfile, "data_filter"):  # Python >= 3.11.4
+        t.extractall(dest, filter="data")
+        return
+    for m in t.getmembers():
+        parts = Path(m.name).parts
+        if not (m.isfile() or m.isdir()) or Path(m.name).is_absolute() or ".." in parts:
+            raise tarfile.TarError(f"unsafe member {m.name!r}")
+    t.extractall(dest)
 
 
 def _model_files_in(root: Path, url: str) -> tuple[Path, Path, Path]:

@@ -37,6 +37,7 @@ class _Routes:
         self.drop_once: dict[str, int] = {}  # path -> bytes sent before the first full GET is cut
         self.drop_always: dict[str, int] = {}  # path -> every GET is cut there, and Range is ignored
         self.hold: dict[str, threading.Event] = {}  # path -> the response waits for this event
+        self.after_drop: dict[str, bytes] = {}  # path -> its new content once a GET was cut
         self.log: list[tuple[str, str | None]] = []  # (path, Range header) of every GET
         self.lock = threading.Lock()
 
@@ -77,6 +78,8 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 cut = routes.drop_once.pop(path, None)
         payload = body[start:]
         self.wfile.write(payload if cut is None else payload[:cut])
+        if cut is not None and path in routes.after_drop:  # the file is replaced on the server
+            routes.files[path] = routes.after_drop.pop(path)
         self.close_connection = True  # HTTP/1.0: the socket closes when this returns
 
 
@@ -130,10 +133,13 @@ TINY_OPTIONS = {
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> dict[str, bytes]:
+    return _tiny_model(tmp_path_factory.mktemp("tiny"), seed=0)
+
+
+def _tiny_model(folder: Path, seed: int) -> dict[str, bytes]:
     """A small random model in the released layout (no jax: numpy arrays of the right shapes)."""
-    folder = tmp_path_factory.mktemp("tiny")
     config = ElmoConfig.from_options(TINY_OPTIONS)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     datasets = {k: rng.standard_normal(s).astype(np.float32) for k, s in expected_shapes(config).items()}
     save_weights(datasets_to_params(datasets, config), config, folder / "weights.hdf5")
     config.to_json_file(folder / "options.json")
@@ -234,14 +240,21 @@ def jax_leaves(tree):
     return [np.asarray(x) for x in jax.tree.leaves(tree)]
 
 
-def test_dropped_connection_is_resumed_with_range(server, tiny, home):
-    url = _serve(server, "drop", tiny)
-    cut = len(tiny["weights.hdf5"]) // 3
-    server.routes.drop_once["/drop/weights.hdf5"] = cut
+@pytest.mark.parametrize("changed", [False, True], ids=["same-file", "file-changed-meanwhile"])
+def test_dropped_connection_is_resumed_with_range(server, tiny, home, tmp_path, changed):
+    folder = f"drop-{changed}"
+    url = _serve(server, folder, tiny)
+    weights = tiny["weights.hdf5"]
+    cut = len(weights) // 3
+    server.routes.drop_once[f"/{folder}/weights.hdf5"] = cut
+    if changed:  # If-Range then gets the whole new file (200), which replaces the part held
+        weights = _tiny_model(tmp_path, seed=1)["weights.hdf5"]  # same layout and size, other values
+        assert len(weights) == len(tiny["weights.hdf5"]) and weights[:cut] != tiny["weights.hdf5"][:cut]
+        server.routes.after_drop[f"/{folder}/weights.hdf5"] = weights
     entry = hub.resolve_model(url, progress=False)
-    assert server.routes.gets("/drop/weights.hdf5") == [None, f"bytes={cut}-"]
-    assert (entry / "weights.hdf5").read_bytes() == tiny["weights.hdf5"]
-    assert json.loads((entry / "download.json").read_text())["sha256"]["weights.hdf5"] == _sha(tiny["weights.hdf5"])
+    assert server.routes.gets(f"/{folder}/weights.hdf5") == [None, f"bytes={cut}-"]
+    assert (entry / "weights.hdf5").read_bytes() == weights
+    assert json.loads((entry / "download.json").read_text())["sha256"]["weights.hdf5"] == _sha(weights)
     assert _entries(home) == [entry.name]
     assert Elmo.load(url).config == ElmoConfig.from_options(TINY_OPTIONS)  # the cached copy, by URL
 
