@@ -211,7 +211,13 @@ def fetch_model(
     retry_delays_s: Sequence[float] = RETRY_DELAYS_S,
     timeout_s: float = TIMEOUT_S,
 ) -> Path:
-    """The cache entry ``models_dir/source.key``, checked, downloading it when absent."""
+    """The cache entry ``models_dir/source.key``, checked, downloading it when absent.
+
+    The parts of :func:`resolve_model` after parsing, with the network settings explicit:
+    ``offline_reason`` ends the :class:`OfflineError` sentence when ``offline``;
+    ``retry_delays_s`` are the waits before each retry without progress (so
+    ``len(retry_delays_s) + 1`` such attempts in a row give up); ``timeout_s`` bounds each
+    connect and read."""
     models_dir = Path(models_dir)
     entry = models_dir / source.key
     if (entry / MANIFEST_FILE).exists():  # complete: entries appear by one rename
@@ -313,7 +319,8 @@ def _download(url: str, dest: Path, *, progress: bool, retry_delays_s: Sequence[
                             total = _total_size(resp, done)
                             validator = resp.headers.get("ETag") or resp.headers.get("Last-Modified")
                         if bar is None:
-                            bar = _progress_bar(dest.name, total, done, progress)
+                            label = urllib.parse.urlsplit(url).path.rsplit("/", 1)[-1] or dest.name
+                            bar = _progress_bar(label, total, done, progress)
                         while chunk := resp.read(_CHUNK_BYTES):
                             out.write(chunk)
                             done += len(chunk)
