@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 import pytest
 
-from conftest import REPO, require_fixtures
+from tests.conftest import REPO, require_fixtures
 from elmo_jax import Elmo, hub
 from elmo_jax.cli import main
 from elmo_jax.config import ElmoConfig
@@ -204,22 +204,26 @@ def test_local_folders_are_returned_as_they_are(tmp_path, home):
 
 
 # -- downloads ----------------------------------------------------------------------------
-def test_released_name_downloads_once_then_loads_and_embeds(server, fixture_model, monkeypatch, home, tmp_path,
-                                                           capsys):
-    paths = _serve_released(server, "small", fixture_model, monkeypatch, "named")
-    elmo = Elmo.load("small")  # the bilm-tf fixture served as "small"
+@pytest.mark.parametrize("which,shape", [("fixture_model", (3, 5, 32)), ("tiny", (2, 5, 16))],
+                         ids=["bilm-tf-fixture", "tiny"])
+def test_released_name_downloads_once_then_loads_and_embeds(server, monkeypatch, home, tmp_path, capsys, request,
+                                                           which, shape):
+    model = request.getfixturevalue(which)
+    paths = _serve_released(server, "small", model, monkeypatch, f"named-{which}")
+    elmo = Elmo.load("small")  # the test model served as "small"
     entry = home / "models" / "small"
     assert [server.routes.gets(p) for p in paths.values()] == [[None], [None]]
     assert sorted(p.name for p in entry.iterdir()) == ["download.json", "options.json", "weights.hdf5"]
     manifest = json.loads((entry / "download.json").read_text())
-    assert manifest["sha256"] == {n: _sha(b) for n, b in fixture_model.items()}
+    assert manifest["sha256"] == {n: _sha(b) for n, b in model.items()}
     assert manifest["origin"] == "downloaded" and manifest["spec"] == "small"
-    reference = Elmo.load(options_file=require_fixtures() / "model" / "options.json",
-                          weight_file=require_fixtures() / "model" / "lm_weights.hdf5")
-    for a, b in zip(jax_leaves(elmo.params), jax_leaves(reference.params)):
+    (tmp_path / "served").mkdir()
+    for name, data in model.items():
+        (tmp_path / "served" / name).write_bytes(data)
+    for a, b in zip(jax_leaves(elmo.params), jax_leaves(Elmo.load(tmp_path / "served").params), strict=True):
         np.testing.assert_array_equal(a, b)
     vectors = elmo.embed(["the bank of the river"])[0]
-    assert vectors.shape == (3, 5, 32)
+    assert vectors.shape == shape
 
     # Later uses read the cache (checking its sha256), also from the command line.
     src = tmp_path / "in.txt"
@@ -230,7 +234,7 @@ def test_released_name_downloads_once_then_loads_and_embeds(server, fixture_mode
     capsys.readouterr()
     assert main(["download", "small"]) == 0
     out = capsys.readouterr().out
-    assert f"small: {entry}" in out and "weights.hdf5" in out and f"{len(fixture_model['weights.hdf5']):,} bytes" in out
+    assert f"small: {entry}" in out and f"weights.hdf5  ({len(model['weights.hdf5']):,} bytes)" in out
     assert [len(server.routes.gets(p)) for p in paths.values()] == [1, 1]
 
 
@@ -281,7 +285,7 @@ def test_http_404_is_a_clear_error_and_caches_nothing(server, tiny, home):
 
 
 @pytest.mark.parametrize("damage", ["truncated", "corrupted", "mismatched", "options"])
-def test_bad_bodies_are_refused_and_cache_nothing(server, tiny, fixture_model, home, damage):
+def test_bad_bodies_are_refused_and_cache_nothing(server, tiny, home, damage):
     files = dict(tiny)
     w = tiny["weights.hdf5"]
     if damage == "truncated":  # a short file, served with its own (short) length
@@ -290,9 +294,9 @@ def test_bad_bodies_are_refused_and_cache_nothing(server, tiny, fixture_model, h
     elif damage == "corrupted":  # the HDF5 header overwritten
         files["weights.hdf5"] = bytes(256) + w[256:]
         expected = r"not a valid model: .*/corrupted/weights.hdf5 is not a readable HDF5 file"
-    elif damage == "mismatched":  # another model's weights
-        files["weights.hdf5"] = fixture_model["weights.hdf5"]
-        expected = r"not a valid model: .*/mismatched/weights.hdf5.*options"
+    elif damage == "mismatched":  # options of another model
+        files["options.json"] = json.dumps({**TINY_OPTIONS, "lstm": {**TINY_OPTIONS["lstm"], "dim": 32}}).encode()
+        expected = r"not a valid model: .*/mismatched/weights.hdf5: dataset .* has shape .* expected .* options"
     else:
         files["options.json"] = b'{"lstm": {"dim": 16'
         expected = r"not a valid model: .*/options/options.json is not valid JSON"
