@@ -141,16 +141,17 @@ def offline_from_env() -> bool:
 def resolve_model(spec: str | os.PathLike, *, offline: bool | None = None, progress: bool = True) -> Path:
     """A local folder holding the model ``spec`` names, downloading it on first use.
 
-    ``spec``: an existing folder (returned as it is, unchecked), a released model's name
-    (:data:`RELEASED_MODELS`) or an ``http(s)://`` URL (see the module docstring).
+    ``spec``: an existing folder (returned as it is, unchecked, even where its path is also
+    a model's name), a released model's name (:data:`RELEASED_MODELS`) or an ``http(s)://``
+    URL (see the module docstring).
     ``offline``: ``None`` reads ``ELMO_JAX_OFFLINE``.  ``progress``: a progress bar per file
     on stderr.  Raises :class:`OfflineError`, :class:`DownloadError`, :class:`ChecksumError`,
     or ``FileNotFoundError`` for a path that does not exist.
     """
-    if isinstance(spec, os.PathLike) or not is_model_spec(spec):
-        path = Path(spec)
-        if path.is_dir():
-            return path
+    path = None if is_url(spec) else Path(spec)
+    if path is not None and path.is_dir():  # a folder wins over a name: ./small over "small"
+        return path
+    if path is not None and not is_model_spec(spec):
         if path.exists():
             raise ElmoError(f"{path} is a file; a model is a folder holding {OPTIONS_FILE} and {WEIGHTS_FILE}")
         raise FileNotFoundError(

@@ -190,9 +190,14 @@ def test_names_and_url_forms_map_to_the_expected_files():
         hub.model_source("smal")
 
 
-def test_local_folders_are_returned_as_they_are(tmp_path, home):
+def test_local_folders_are_returned_as_they_are(tmp_path, home, monkeypatch):
     assert hub.resolve_model(tmp_path) == tmp_path
     assert hub.resolve_model(str(tmp_path)) == tmp_path
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "small").mkdir()
+    monkeypatch.setenv(hub.OFFLINE_ENV, "1")  # nothing is fetched: the folder wins over the name
+    assert hub.resolve_model("small") == Path("small")
+    monkeypatch.delenv(hub.OFFLINE_ENV)
     with pytest.raises(FileNotFoundError, match=r"model folder not found: .*nope; .*small, medium, original"):
         hub.resolve_model(tmp_path / "nope")
     (tmp_path / "f.json").write_text("{}")
