@@ -18,7 +18,8 @@
 * Each of the ``num_output_representations`` outputs is its own :class:`ScalarMix` of the
   ``L+1`` layers (the paper feeds one mix at the input of the task RNN and one at its
   output), with optional layer norm over the real tokens, followed by dropout on the mixed
-  vector (``dropout``, 0.5 by default as in the paper's released code; off after
+  vector (the paper's "moderate amount of dropout": ``dropout``, 0.5 by default as in
+  AllenNLP; off after
   ``model.eval()`` or with ``deterministic=True``).
 * :class:`ScalarMix` and :class:`ComponentHead` call the pure functions of
   :mod:`elmo_jax.model.heads`; :mod:`elmo_jax.finetune` uses the same functions, and a
