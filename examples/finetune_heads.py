@@ -118,12 +118,13 @@ def embedded(elmo: Elmo, data: TaggingData) -> dict[str, tuple[np.ndarray, np.nd
     return out
 
 
-def train_head(elmo: Elmo, head: str, seed: int, n_classes: int, fit: tuple, dev: tuple, steps: int):
-    """A ``finetune`` tagger with ``head`` at the Adam rate that does best on ``dev``:
-    ``(dev accuracy, rate, TrainResult)``."""
+def train_head(elmo: Elmo, head: str, seed: int, n_classes: int, fit: tuple, dev: tuple, steps: int,
+               rates: tuple[float, ...] = LEARNING_RATES):
+    """A ``finetune`` tagger with ``head`` at the Adam rate of ``rates`` that does best on
+    ``dev``: ``(dev accuracy, rate, TrainResult)``."""
     params = init_tagger(jax.random.key(seed), elmo.config, n_classes, head)
     tried = []
-    for rate in LEARNING_RATES:
+    for rate in rates:
         result = train_tagger(params, *fit, head, optax.adam(rate), steps=steps, batch_size=32)
         tried.append((accuracy(result.params, *dev, head), rate, result))
     return max(tried, key=lambda r: (r[0], r[1]))

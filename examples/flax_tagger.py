@@ -33,7 +33,8 @@ import optax
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from finetune_heads import embedded, model_and_corpus, parse_args, tagging_data, train_head  # noqa: E402
+from finetune_heads import (LEARNING_RATES, embedded, model_and_corpus, parse_args,  # noqa: E402
+                            tagging_data, train_head)
 
 from elmo_jax.finetune import accuracy  # noqa: E402
 from elmo_jax.nnx import ElmoLayer, batch_inputs, parameter_counts  # noqa: E402
@@ -133,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
           f"  layer weights {w[0]} | {w[1]}")
     for n, head in enumerate(("mix", "components")):
         dev, rate, result = train_head(elmo, head, n, n_classes, splits["fit"], splits["dev"],
-                                       args.steps or (40 if args.quick else 400))
+                                       args.steps or (40 if args.quick else 400),
+                                       rates=(1e-2,) if args.quick else LEARNING_RATES)
         acc = accuracy(result.params, *splits["test"], head)
         print(f"{head:<15} {rate:>6g} {np.mean(result.losses[-10:]):>10.3f} {dev:>7.1%} {acc:>9.1%}")
     _, y_test, m_test = splits["test"]
