@@ -25,6 +25,7 @@ import os
 import sys
 import tempfile
 import time
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -62,61 +63,98 @@ def pretrain(workdir: str, corpus: str, quick: bool) -> Elmo:
     return Elmo.load(os.path.join(workdir, "model"), batch_size=256)
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("model_dir", nargs="?", help="an exported model folder (default: pretrain a tiny one)")
     ap.add_argument("--quick", action="store_true", help="tiny everything (seconds; for tests)")
     ap.add_argument("--workdir", help="where to pretrain and keep the corpus (default: a temp folder)")
-    ap.add_argument("--steps", type=int, help="head training steps (default 400, --quick 150)")
-    args = ap.parse_args(argv)
+    ap.add_argument("--steps", type=int, help="training steps (default 400; fewer with --quick)")
+    return ap.parse_args(argv)
 
+
+def model_and_corpus(args: argparse.Namespace) -> tuple[Elmo, str]:
+    """The frozen ELMo (``args.model_dir``, or pretrained here) and the corpus folder."""
     workdir = args.workdir or tempfile.mkdtemp(prefix="elmo-finetune-")
     corpus = os.path.join(workdir, "corpus")
     if not os.path.exists(os.path.join(corpus, "stats.json")):
         write_corpus(corpus, n_train=400 if args.quick else 20_000, n_heldout=100 if args.quick else 1000,
                      overwrite=True)
+    elmo = Elmo.load(args.model_dir, batch_size=256) if args.model_dir else pretrain(workdir, corpus, args.quick)
+    return elmo, corpus
+
+
+class TaggingData(NamedTuple):
+    """The word-class task: sentences and gold classes of each split.  ``fit`` trains,
+    ``dev`` (the last fifth of the training sentences) chooses learning rates, ``test``
+    is the corpus's held-out text."""
+    fit: tuple[list, list]
+    dev: tuple[list, list]
+    test: tuple[list, list]
+    classes: dict[str, int]
+
+
+def tagging_data(corpus: str, quick: bool) -> TaggingData:
+    n_train, n_test = (120, 60) if quick else (2000, 500)
+    train_s, train_lab = load_corpus(corpus, "train")
+    test_s, test_lab = load_corpus(corpus, "heldout")
+    train_s, train_lab = train_s[:n_train], [lab["classes"] for lab in train_lab[:n_train]]
+    test_s, test_lab = test_s[:n_test], [lab["classes"] for lab in test_lab[:n_test]]
+    classes = sorted({c for lab in train_lab + test_lab for c in lab})
+    n_fit = len(train_s) * 4 // 5
+    return TaggingData((train_s[:n_fit], train_lab[:n_fit]), (train_s[n_fit:], train_lab[n_fit:]),
+                       (test_s, test_lab), {c: i for i, c in enumerate(classes)})
+
+
+def embedded(elmo: Elmo, data: TaggingData) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """``{"fit" | "dev" | "test": (layers, labels, mask)}`` (one embed call for all: the
+    splits share the compiled shapes)."""
+    splits = {"fit": data.fit, "dev": data.dev, "test": data.test}
+    vectors = elmo.embed([s for sents, _ in splits.values() for s in sents])
+    out, start = {}, 0
+    for name, (sents, labels) in splits.items():
+        x, m = pad_layers(vectors[start : start + len(sents)])
+        out[name] = (x, pad_labels(labels, data.classes, x.shape[2]), m)
+        start += len(sents)
+    return out
+
+
+def train_head(elmo: Elmo, head: str, seed: int, n_classes: int, fit: tuple, dev: tuple, steps: int,
+               rates: tuple[float, ...] = LEARNING_RATES):
+    """A ``finetune`` tagger with ``head`` at the Adam rate of ``rates`` that does best on
+    ``dev``: ``(dev accuracy, rate, TrainResult)``."""
+    params = init_tagger(jax.random.key(seed), elmo.config, n_classes, head)
+    tried = []
+    for rate in rates:
+        result = train_tagger(params, *fit, head, optax.adam(rate), steps=steps, batch_size=32)
+        tried.append((accuracy(result.params, *dev, head), rate, result))
+    return max(tried, key=lambda r: (r[0], r[1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv, __doc__.split("\n\n")[0])
     try:
-        elmo = Elmo.load(args.model_dir, batch_size=256) if args.model_dir else pretrain(workdir, corpus, args.quick)
+        elmo, corpus = model_and_corpus(args)
     except (OSError, ValueError) as e:  # a missing or broken model folder: the message says which
         print(f"finetune_heads: error: {e}", file=sys.stderr)
         return 2
-    n_train, n_test = (120, 60) if args.quick else (2000, 500)
-    train_s, train_lab = load_corpus(corpus, "train")
-    test_s, test_lab = load_corpus(corpus, "heldout")
-    train_s, train_lab = train_s[:n_train], train_lab[:n_train]
-    test_s, test_lab = test_s[:n_test], test_lab[:n_test]
-    classes = sorted({c for lab in train_lab + test_lab for c in lab["classes"]})
-    index = {c: i for i, c in enumerate(classes)}
-
+    data = tagging_data(corpus, args.quick)
     start = time.perf_counter()
-    # One call for both splits: they share the compiled shapes.
-    vectors = elmo.embed(train_s + test_s)
-    x_train, m_train = pad_layers(vectors[: len(train_s)])
-    x_test, m_test = pad_layers(vectors[len(train_s):])
-    y_train = pad_labels([lab["classes"] for lab in train_lab], index, x_train.shape[2])
-    y_test = pad_labels([lab["classes"] for lab in test_lab], index, x_test.shape[2])
-    print(f"embedded {len(train_s)} + {len(test_s)} sentences in {time.perf_counter() - start:.1f} s; "
-          f"{len(classes)} word classes")
+    splits = embedded(elmo, data)
+    print(f"embedded {len(data.fit[0]) + len(data.dev[0])} + {len(data.test[0])} sentences in "
+          f"{time.perf_counter() - start:.1f} s; {len(data.classes)} word classes")
 
     steps = args.steps or (150 if args.quick else 400)
     heads = ["mix", "mix:layer_norm", "components"] + [f"layer:{k}" for k in range(elmo.config.n_output_layers)]
-    n_fit = len(train_s) * 4 // 5  # the rest of the training sentences choose the rate
-    fit = (x_train[:, :n_fit], y_train[:n_fit], m_train[:n_fit])
-    dev = (x_train[:, n_fit:], y_train[n_fit:], m_train[n_fit:])
     print(f"{'head':<15} {'rate':>6} {'train loss':>10} {'dev':>7} {'accuracy':>9}")
     for n, head in enumerate(heads):
-        params = init_tagger(jax.random.key(n), elmo.config, len(classes), head)
-        tried = []
-        for rate in LEARNING_RATES:
-            result = train_tagger(params, *fit, head, optax.adam(rate), steps=steps, batch_size=32)
-            tried.append((accuracy(result.params, *dev, head), rate, result))
-        dev_acc, rate, result = max(tried, key=lambda r: (r[0], r[1]))
-        acc = accuracy(result.params, x_test, y_test, m_test, head)
+        dev_acc, rate, result = train_head(elmo, head, n, len(data.classes), splits["fit"], splits["dev"], steps)
+        acc = accuracy(result.params, *splits["test"], head)
         extra = ""
         if head.startswith("mix"):
             w = jax.nn.softmax(result.params["mix"]["scalars"])
             extra = "  layer weights " + " ".join(f"{float(v):.2f}" for v in w)
         print(f"{head:<15} {rate:>6g} {np.mean(result.losses[-10:]):>10.3f} {dev_acc:>7.1%} {acc:>9.1%}{extra}")
+    _, y_test, m_test = splits["test"]
     majority = np.bincount(y_test[m_test]).max() / m_test.sum()
     print(f"{'majority':<15} {'':>6} {'':>10} {'':>7} {majority:>9.1%}")
     return 0
