@@ -1,0 +1,203 @@
+"""A run's folder: whether this config may start or continue it, the state a restart reads
+back from its latest checkpoint, and the checkpoints the loop writes.
+
+``WORKDIR`` holds (see also :mod:`elmo_jax.train.run_data` for the data it prepares)::
+
+    WORKDIR/
+      config.json          the TrainConfig of the run (the first start's)
+      options.json         the biLM architecture, released models' spelling
+      checkpoints/<step>/  orbax checkpoints (params, optimizer, LSTM state, data position)
+
+A restart reads the latest checkpoint, never anything else: the config may change only in
+:data:`RESUMABLE_FIELDS`, and the data, the process count and the global batch must be the
+ones the checkpoint was written with.
+
+Checkpoints hold global arrays over all devices of the job (train state replicated, LSTM
+state as the global ``[.., B_global, ..]`` rows) written together by all processes, and
+every process's data position (``meta["data_by_process"]``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from elmo_jax.atomic import write_json
+from elmo_jax.config import ElmoConfig
+from elmo_jax.errors import ElmoError
+from elmo_jax.train import distributed
+from elmo_jax.train.checkpoints import Checkpoints
+from elmo_jax.train.config_loader import TrainConfig
+from elmo_jax.train.parallel import local_replica, local_rows, rows_sharding, to_global_replicated, to_global_rows
+
+# Fields that may change when a run is resumed; every other field must match.  The two
+# batch fields may be spelled differently (e.g. batch_size_per_device on another device
+# count replaced by batch_size): the global batch they give is checked against the
+# checkpoint's instead (check_topology).
+RESUMABLE_FIELDS = {
+    "epochs", "max_steps", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_max_batches", "log_every",
+    "parallel", "data_dir", "remat_steps", "batch_size", "batch_size_per_device",
+}
+
+
+class TrainingError(ElmoError):
+    """A run that cannot start or continue; the message says why and what to do."""
+
+
+def check_writable(workdir: str) -> None:
+    """Create ``workdir`` if needed; refuse one this process cannot write to."""
+    try:
+        os.makedirs(workdir, exist_ok=True)
+        probe = os.path.join(workdir, f".write-test-{os.getpid()}")
+        with open(probe, "w") as f:
+            f.write("ok")
+        os.remove(probe)
+    except OSError as e:
+        raise TrainingError(f"workdir {workdir} is not writable: {e}; choose another --workdir") from None
+
+
+def check_resumable(workdir: str, cfg: TrainConfig, latest: int | None) -> None:
+    """A workdir with a checkpoint continues only with its own config (but for
+    :data:`RESUMABLE_FIELDS`)."""
+    config_path = os.path.join(workdir, "config.json")
+    if latest is None or not os.path.exists(config_path):
+        return
+    with open(config_path, encoding="utf-8") as f:
+        saved = json.load(f)
+    diffs = config_differences(saved, cfg.to_dict())
+    if diffs:
+        raise TrainingError(
+            f"{workdir} holds a run with a different config; refusing to resume it:\n  "
+            + "\n  ".join(diffs)
+            + "\nuse another --workdir, or the checkpoint's values"
+        )
+
+
+def config_differences(saved: dict, current: dict) -> list[str]:
+    return [
+        f"{k}: checkpoint has {saved.get(k)!r}, this run has {current.get(k)!r}"
+        for k in sorted(set(saved) | set(current))
+        if k not in RESUMABLE_FIELDS and saved.get(k) != current.get(k)
+    ]
+
+
+def write_run_files(workdir: str, cfg: TrainConfig, model_config: ElmoConfig, new_run: bool) -> None:
+    """``config.json`` and ``options.json``: written by a new run, kept by a resumed one."""
+    for name, value in (("config.json", cfg.to_dict()), ("options.json", model_config.to_options())):
+        path = os.path.join(workdir, name)
+        if new_run or not os.path.exists(path):
+            write_json(path, value)
+
+
+def restore(ckpts: Checkpoints, step: int, train_state: Any, lstm_state: Any, *, global_batch: int,
+            n_devices: int, mesh: jax.sharding.Mesh, log: Callable[[str], None]) -> tuple[Any, Any, dict]:
+    """The train state, this process's LSTM rows and the meta of checkpoint ``step``.
+
+    ``train_state`` / ``lstm_state`` (this process's rows ``[.., B_local, ..]``) give the
+    shapes; every process of a multi-process job must call this.
+    """
+    meta = ckpts.read_meta(step)
+    check_topology(meta, ckpts.path(step), global_batch, n_devices, log)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    template = (
+        jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), train_state),
+        jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[:2] + (global_batch,) + x.shape[3:], x.dtype,
+                                                    sharding=rows_sharding(mesh, x.ndim, 2)), lstm_state),
+    )
+    (g_train, g_lstm), meta = ckpts.restore(template, step)
+    return jax.tree.map(local_replica, g_train), jax.tree.map(lambda x: local_rows(x, 2), g_lstm), meta
+
+
+def resume_data_position(batcher, meta: dict, path: str, data_content: str) -> None:
+    """Put ``batcher`` where the checkpoint at ``path`` left this process's data, after
+    checking that the training sentences are the ones it was trained on."""
+    data_state = _data_state(meta, jax.process_index())
+    saved_content = meta.get("data_content")  # absent in checkpoints of older versions
+    if saved_content is not None and saved_content != data_content:
+        raise TrainingError(
+            f"the training data changed since {path} was written (its sentences "
+            f"{saved_content}, now {data_content}; a relative --config.data path read "
+            f"from another folder does this too). Restore the data the run started with, or start a "
+            f"new --workdir (`elmo-jax export` writes this checkpoint's weights)"
+        )
+    if data_state.get("num_sentences") != batcher.num_sentences:
+        raise TrainingError(
+            f"the training data changed since {path} was written: it had "
+            f"{data_state.get('num_sentences')} sentences, now {batcher.num_sentences}. "
+            f"The data position cannot be carried over; restore the data the run started with, or "
+            f"start a new --workdir (`elmo-jax export` writes this checkpoint's weights)"
+        )
+    try:
+        batcher.set_state(data_state)
+    except ValueError as e:
+        raise TrainingError(f"cannot continue from {path}: {e}") from None
+
+
+def write_checkpoint(ckpts: Checkpoints, step: int, train_state: Any, lstm_state: Any, data_position: dict,
+         mesh: jax.sharding.Mesh, meta: dict) -> None:
+    """Checkpoint ``step`` (all processes call this): the host train state (the same on
+    every process), this process's LSTM rows and data position, and ``meta``."""
+    data_states = distributed.allgather_json(f"checkpoint/{step}", data_position)
+    state = (to_global_replicated(train_state, mesh), to_global_rows(lstm_state, mesh, axis=2))
+    ckpts.save(step, state, {"step": step, "data_by_process": data_states, **meta})
+
+
+def _data_state(meta: dict, process_index: int) -> dict:
+    """This process's data position from a checkpoint's meta (older ones: one ``data``)."""
+    states = meta.get("data_by_process")
+    return meta["data"] if states is None else states[process_index]
+
+
+def check_topology(meta: dict, path: str, global_batch: int, n_devices: int, log) -> None:
+    """Refuse a checkpoint whose per-process data positions / LSTM rows cannot be mapped."""
+    saved_processes = int(meta.get("process_count", 1))
+    saved_batch = int(meta.get("global_batch", global_batch))
+    saved_devices = meta.get("device_count")
+    processes = jax.process_count()
+    if saved_processes != processes or saved_batch != global_batch:
+        devices = f" on {saved_devices} devices" if saved_devices else ""
+        same_batch = (f"--config.batch_size={saved_batch} --config.batch_size_per_device=None"
+                      if saved_batch % n_devices == 0 else
+                      f"a device count that divides {saved_batch} with --config.batch_size={saved_batch}")
+        raise TrainingError(
+            f"checkpoint {path} was written by {saved_processes} process(es){devices} with a global batch of "
+            f"{saved_batch} rows; this run has {processes} process(es) on {n_devices} devices and a global batch "
+            f"of {global_batch}. Each process's position in its own share of the data (sentences i % P == p) and "
+            f"its rows of the carried LSTM state cannot be mapped onto a different process count or global "
+            f"batch. Resume with {saved_processes} process(es) and the same global batch ({same_batch}), "
+            f"or start a new --workdir (`elmo-jax export` writes this checkpoint's weights)."
+        )
+    if saved_devices is not None and int(saved_devices) != n_devices:
+        log(f"note: {path} was written on {saved_devices} devices, this run has {n_devices}; the global batch "
+            f"and the data positions are unchanged, so the run continues (dropout masks differ)")
+
+
+def checkpoints_after_divergence(saved_steps: list[int], bad_step: int, path: Callable[[int], str]) -> str:
+    """Which checkpoints to trust after a non-finite loss at ``bad_step``: that loss was
+    computed from the parameters after step ``bad_step - 1``, so checkpoints from that step
+    on hold diverged parameters (possibly still finite numbers)."""
+    good = sorted(s for s in saved_steps if s < bad_step - 1)
+    bad = sorted(s for s in saved_steps if s >= bad_step - 1)
+    text = f"the last good checkpoint is {path(good[-1])}" if good else "no good checkpoint was written"
+    if bad:
+        one = len(bad) == 1
+        text += (f"; {', '.join(path(s) for s in bad)} already {'holds' if one else 'hold'} the diverged "
+                 f"parameters: delete {'it' if one else 'them'} before resuming, or resuming starts from there")
+    return text
+
+
+def check_finite(records: list[tuple[int, dict]], ckpts: Checkpoints) -> None:
+    """Stop on a non-finite loss among ``records`` (``(step, metrics)`` on the host), before
+    anything else is saved, saying which checkpoints still hold good parameters."""
+    for step, m in records:
+        if not np.isfinite(m["loss"]):
+            ckpts.wait()  # an asynchronous save in flight is listed too
+            raise TrainingError(
+                f"the loss became {m['loss']} at step {step}; stopping without saving "
+                f"({checkpoints_after_divergence(ckpts.all_steps(), step, ckpts.path)}). "
+                f"Lower the learning rate or clip_norm, or check the data."
+            )
