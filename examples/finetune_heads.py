@@ -15,13 +15,19 @@ matrix underfits at rates that suit a ScalarMix); (4) print held-out token accur
 head.  The biLM never changes: only head
 parameters are in the gradient (see ``elmo_jax.finetune``).
 
-Default run: about 2-4 minutes on 2 CPU cores.
+Default run: about 2-4 minutes on 2 CPU cores.  Ctrl-C, SIGTERM (``kill``, ``timeout``) stop it
+at once with exit status 130 / 143 and one line on stderr, also during pretraining (with
+``--workdir``, the same command then resumes from its checkpoint); a temporary workdir is
+removed however the script ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -41,6 +47,31 @@ MICRO = {"dim": 32, "projection_dim": 16, "embedding_dim": 4, "filters": [[1, 8]
          "n_highway": 1, "max_characters_per_token": 16}
 
 
+class Stopped(BaseException):
+    """The user stopped the script (a signal; ``args[0]`` is its name).  A BaseException, as
+    KeyboardInterrupt is, so that no ``except Exception`` on the way swallows it."""
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    """SIGTERM raises :class:`Stopped`, as Ctrl-C raises KeyboardInterrupt, so that cleanup
+    runs (the default action kills the process on the spot).  The caller's handler is back
+    afterwards; outside the main thread (where no handler can be set) nothing changes."""
+
+    def handler(signum, frame):
+        raise Stopped(signal.Signals(signum).name)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def pretrain(workdir: str, corpus: str, quick: bool) -> Elmo:
     from elmo_jax.train.config_loader import TrainConfig
     from elmo_jax.train.export import export
@@ -57,6 +88,8 @@ def pretrain(workdir: str, corpus: str, quick: bool) -> Elmo:
     )
     start = time.perf_counter()
     summary = train(cfg, os.path.join(workdir, "run"), progress=not quick)
+    if summary.get("interrupted"):  # train() caught the signal and saved: the script stops too
+        raise Stopped(summary["interrupted"])
     export(os.path.join(workdir, "run"), os.path.join(workdir, "model"), overwrite=True)
     print(f"pretrained {summary['step']} steps in {time.perf_counter() - start:.0f} s; exported to {workdir}/model")
     return Elmo.load(os.path.join(workdir, "model"), batch_size=256)
@@ -69,8 +102,25 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", help="where to pretrain and keep the corpus (default: a temp folder)")
     ap.add_argument("--steps", type=int, help="head training steps (default 400, --quick 150)")
     args = ap.parse_args(argv)
+    with stop_on_sigterm():
+        temporary = None
+        try:
+            if not args.workdir:
+                temporary = tempfile.mkdtemp(prefix="elmo-finetune-")
+            return run(args, args.workdir or temporary)
+        except (Stopped, KeyboardInterrupt) as e:
+            name = e.args[0] if isinstance(e, Stopped) and e.args else "SIGINT"
+            after = (f"its temporary folder {temporary} was removed" if temporary else
+                     f"{args.workdir} is kept: the same command continues from what it holds")
+            print(f"finetune_heads: stopped by {name}; {after}", file=sys.stderr)
+            return 128 + getattr(signal, name, signal.SIGTERM)
+        finally:
+            if temporary:
+                shutil.rmtree(temporary, ignore_errors=True)
 
-    workdir = args.workdir or tempfile.mkdtemp(prefix="elmo-finetune-")
+
+def run(args: argparse.Namespace, workdir: str) -> int:
+    """Steps (1)-(4) of the module docstring in ``workdir``."""
     corpus = os.path.join(workdir, "corpus")
     if not os.path.exists(os.path.join(corpus, "stats.json")):
         write_corpus(corpus, n_train=400 if args.quick else 20_000, n_heldout=100 if args.quick else 1000,
