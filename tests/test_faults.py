@@ -4,16 +4,13 @@ injects the fault itself (a path that names the input twice, a truncated file, a
 signal, a restrictive umask, a bad argument) and checks what the user gets."""
 
 import importlib.util
-import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 
-import h5py
 import numpy as np
 import pytest
 
@@ -101,8 +98,8 @@ def test_token_cache_never_replaces_the_model_files(model_dir):
 
 
 # ==========================================================================================
-# 2-5. Training under faults (divergence, one run per workdir, damaged checkpoints, a full
-#      disk): see the training section below, kept with the training code's owner.
+# 2-5. Training under faults: a diverging loss, two runs on one workdir, a damaged newest
+#      checkpoint, a full disk during a checkpoint.  (Tests added with the training fixes.)
 # ==========================================================================================
 
 
@@ -320,8 +317,8 @@ def test_overlong_token_is_cut_and_said_once(model_dir):
     long = "ü" * 10_000  # 2 UTF-8 bytes each: 7 characters fit the 14 bytes of 16 chars
     with pytest.warns(TokenTruncatedWarning, match=r"1 token longer than 14 UTF-8 bytes .* first 14 bytes") as w:
         cut = fresh.embed([["a", long]])
-    assert len(w) == 1
+    assert sum(issubclass(r.category, TokenTruncatedWarning) for r in w) == 1
     np.testing.assert_array_equal(cut[0], fresh.embed([["a", "ü" * 7]])[0])
     with warnings.catch_warnings():
-        warnings.simplefilter("error")
+        warnings.simplefilter("error", TokenTruncatedWarning)
         fresh.embed([[long]])  # said once: no second warning
