@@ -5,10 +5,10 @@ projected-LSTM language model, weight files in the released models' HDF5 layout,
 ``Elmo`` for embedding text from a notebook.
 """
 
-from elmo_jax.chars import batch_to_ids
+from elmo_jax.chars import TokenTruncatedWarning, batch_to_ids
 from elmo_jax.config import ConfigError, ElmoConfig, count_params
 
-__all__ = ["ConfigError", "Elmo", "ElmoConfig", "batch_to_ids", "count_params"]
+__all__ = ["ConfigError", "Elmo", "ElmoConfig", "TokenTruncatedWarning", "batch_to_ids", "count_params"]
 __version__ = "0.1.0"
 
 

@@ -1,25 +1,60 @@
-"""Writing a file so that readers see the old file or the whole new one, never a part."""
+"""Writing files safely: readers see the old file or the whole new one, never a part; new
+files get the mode the umask gives any new file; an output never replaces an input."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Iterator, Mapping
 from typing import Any
+
+from elmo_jax.errors import ElmoError
+
+
+class OutputIsInputError(ElmoError, ValueError):
+    """An output path that names a file the same command reads (same file, any spelling)."""
+
+
+def umask() -> int:
+    """The process's umask.  Linux shows it in ``/proc/self/status``; elsewhere it is read by
+    setting and restoring it, which a file created by another thread in that instant would see."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
+
+
+def new_mode(folder: bool = False) -> int:
+    """The permission bits ``open()`` / ``mkdir()`` give a new file / folder: 0o666 / 0o777
+    less the umask (``tempfile`` makes its files 0o600 and its folders 0o700 instead)."""
+    return (0o777 if folder else 0o666) & ~umask()
 
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike) -> Iterator[str]:
-    """A temporary name beside ``path`` to write to inside the ``with`` block.
+    """A temporary file beside ``path`` to write to inside the ``with`` block.
 
     When the block ends without an error the file is renamed over ``path`` (one atomic
     step on POSIX and Windows); otherwise it is removed and ``path`` is left as it was.
-    The name holds the process id, so concurrent writers never share a temporary file.
+    The temporary file (``.NAME.XXXXXXXX.tmp``, hidden) is created, empty, before the block
+    runs, so a folder that cannot be written fails at once (an ``OSError``), before any
+    work; its name is unique, so concurrent writers never share one.  It gets the mode of
+    any new file (:func:`new_mode`), not ``tempfile``'s 0o600.
     """
     path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    folder, name = os.path.split(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=folder)
     try:
+        os.close(fd)
+        os.chmod(tmp, new_mode())
         yield tmp
         os.replace(tmp, path)
     finally:
@@ -32,3 +67,24 @@ def write_json(path: str | os.PathLike, value: Any, indent: int = 2) -> None:
     with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         json.dump(value, f, indent=indent)
         f.write("\n")
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether two paths name one file: through symlinks, ``./x`` vs ``x``, hard links
+    (``os.path.samefile``); paths that do not both exist are compared as real paths."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
+
+
+def refuse_output_over_inputs(output: str | os.PathLike, inputs: Mapping[str, str | os.PathLike]) -> None:
+    """Raise :class:`OutputIsInputError` if ``output`` is one of ``inputs`` (``{role: path}``,
+    e.g. ``{"input file": "in.txt"}``): an output written there would destroy what the
+    command reads, whatever overwrite flag was given."""
+    for role, path in inputs.items():
+        if path is not None and same_file(output, path):
+            spelled = "" if os.path.abspath(output) == os.path.abspath(path) else f" ({os.fspath(path)})"
+            raise OutputIsInputError(
+                f"the output {os.fspath(output)} is the {role}{spelled}; writing there would destroy it, "
+                f"whatever --overwrite says: choose another output path")

@@ -4,7 +4,8 @@ One scheme is used everywhere in this package, the originals' *inference* scheme
 
 * a token is UTF-8 encoded with ``errors='ignore'`` (lone surrogates and other
   unencodable characters are dropped), truncated to ``max_characters_per_token - 2``
-  bytes (a multi-byte character may be cut);
+  bytes (a multi-byte character may be cut; ``Elmo`` says so once with a
+  :class:`TokenTruncatedWarning`);
 * ids are ``[bow, b1 .. bk, eow, pad, pad, ...]`` with ``bos=256, eos=257, bow=258,
   eow=259, pad=260``;
 * every id is shifted by +1 so that 0 means "no token here" (padding). The character
@@ -35,6 +36,17 @@ N_RAW_CHARS = 261
 N_CHARS = 262
 BOS_TOKEN = "<S>"
 EOS_TOKEN = "</S>"
+
+
+class TokenTruncatedWarning(UserWarning):
+    """Tokens longer than the char CNN reads were cut to their first bytes."""
+
+
+def _utf8(token: str | bytes) -> bytes:
+    """A token's UTF-8 bytes as the char ids see them (invalid input dropped, as the originals do)."""
+    if isinstance(token, bytes):
+        token = token.decode("utf-8", errors="ignore")
+    return token.encode("utf-8", errors="ignore")
 
 
 def token_to_ids(token: str | bytes, max_characters_per_token: int = 50) -> np.ndarray:
@@ -80,6 +92,32 @@ def tokens_to_ids(tokens: Sequence[str | bytes], max_characters_per_token: int =
     for i, char in markers:
         out[i, 1:3] = (char + 1, EOW_CHAR + 1)
     return out
+
+
+def truncated_tokens(token_lists: Iterable[Sequence[str | bytes]], max_characters_per_token: int) -> list[str | bytes]:
+    """The tokens whose UTF-8 bytes do not fit ``max_characters_per_token - 2`` (the char
+    ids keep only that many), in order, repeats included.  A token of at most a quarter
+    that many characters always fits, so most tokens are only measured with ``len``."""
+    keep = max_characters_per_token - 2
+    fits = keep // 4  # a character is at most 4 UTF-8 bytes
+    out: list[str | bytes] = []
+    for tokens in token_lists:
+        if tokens and max(map(len, tokens)) > fits:
+            out.extend(t for t in tokens if len(t) > fits and len(_utf8(t)) > keep)
+    return out
+
+
+def truncation_message(cut: Sequence[str | bytes], max_characters_per_token: int) -> str:
+    """What :class:`TokenTruncatedWarning` says about the tokens ``cut``."""
+    keep = max_characters_per_token - 2
+    first = cut[0]
+    shown = first if len(first) <= 30 else first[:30] + ("..." if isinstance(first, str) else b"...")
+    n = len(cut)
+    return (f"{n} token{'' if n == 1 else 's'} longer than {keep} UTF-8 bytes (the first: {shown!r}, "
+            f"{len(_utf8(first)):,} bytes) {'was' if n == 1 else 'were'} cut to {'its' if n == 1 else 'their'} "
+            f"first {keep} bytes, as the original ELMo does: the char CNN reads max_characters_per_token="
+            f"{max_characters_per_token} characters per token, two of them the begin/end-of-word marks "
+            f"(a multi-byte character at the cut keeps only its first bytes). Said once per Elmo object.")
 
 
 def tokenize(sentence: str | Sequence[str]) -> list[str]:

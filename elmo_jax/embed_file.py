@@ -13,17 +13,21 @@ optional; ``\\r\\n`` line ends are accepted).  Output, the layout of the PyTorch
   maps to its last line, as the original writes it).
 
 The file is written under a temporary name in the output's folder and renamed when
-complete, so an interrupted run never leaves a half-written output.
+complete (:func:`elmo_jax.atomic.atomic_path`), so an interrupted run never leaves a
+half-written output; it gets the mode the umask gives any new file.  An output that is the
+input file or one of the files the model was read from is refused, with or without
+``overwrite``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
 
 import h5py
 
+from elmo_jax.atomic import atomic_path, refuse_output_over_inputs
 from elmo_jax.errors import ElmoError
 from elmo_jax.textio import decode_line
 
@@ -68,6 +72,7 @@ def embed_file(
     if layers not in FILE_LAYERS:
         raise ValueError(f"layers must be one of {', '.join(FILE_LAYERS)}, got {layers!r}")
     output_path = os.path.abspath(os.fspath(output_path))
+    refuse_output_over_inputs(output_path, {"input file": input_path, **getattr(elmo, "source_files", {})})
     if os.path.isdir(output_path):
         raise ElmoError(f"output {output_path} is a folder; give a file name such as out.hdf5")
     if os.path.exists(output_path) and not overwrite:
@@ -76,14 +81,14 @@ def embed_file(
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"output folder does not exist: {folder}")
     sentences = read_sentences(input_path)
+    writing = contextlib.ExitStack()
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(output_path)}.", suffix=".tmp", dir=folder)
+        tmp = writing.enter_context(atomic_path(output_path))
     except OSError as e:
         raise ElmoError(f"cannot write in the output folder {folder} ({e.strerror}); "
                         f"choose an output file in a folder you can write to") from None
-    os.close(fd)
     n_tokens = 0
-    try:
+    with writing:  # renamed to output_path when the block completes, removed if it fails
         with h5py.File(tmp, "w") as f:
             for indices, arrays in elmo.embed_groups(sentences, layers, batch_size=batch_size,
                                                        progress=progress):
@@ -93,8 +98,4 @@ def embed_file(
             index = {s: str(i) for i, s in enumerate(sentences)}
             f.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype(),
                              data=[json.dumps(index, ensure_ascii=False)])
-        os.replace(tmp, output_path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     return {"sentences": len(sentences), "tokens": n_tokens, "output": output_path}

@@ -63,7 +63,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax import chars
-from elmo_jax.atomic import atomic_path
+from elmo_jax.atomic import atomic_path, refuse_output_over_inputs
 from elmo_jax.config import ConfigError, ElmoConfig
 from elmo_jax.data.vocab import read_token_lines
 from elmo_jax.errors import ElmoError
@@ -72,7 +72,7 @@ from elmo_jax.model.encoder import encode_tokens
 from elmo_jax.model.heads import scalar_mix
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.model.precision import compute_dtype
-from elmo_jax.weights import load_weights, save_weights
+from elmo_jax.weights import hdf5_damage, load_weights, save_weights
 
 OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
@@ -158,6 +158,9 @@ class Elmo:
         self._cache_vectors: np.ndarray | None = None
         self._cache_precision: object = _ANY_PRECISION
         self._cache_params: list = []  # the parameter leaves the cache belongs to
+        # The files this model was read from ({role: absolute path}): outputs never replace them.
+        self.source_files: dict[str, str] = {}
+        self._truncation_said = False  # the over-long-token warning is given once per object
 
     # -- construction and persistence -------------------------------------------------
     @classmethod
@@ -205,7 +208,10 @@ class Elmo:
         if not os.path.exists(options_file):
             raise FileNotFoundError(f"options file not found: {options_file}")
         config = ElmoConfig.from_json_file(options_file)
-        return cls(config, load_weights(weight_file, config), batch_size=batch_size, dtype=dtype)
+        elmo = cls(config, load_weights(weight_file, config), batch_size=batch_size, dtype=dtype)
+        elmo.source_files = {"model's options file": os.path.abspath(options_file),
+                             "model's weight file": os.path.abspath(weight_file)}
+        return elmo
 
     @classmethod
     def random(cls, config: ElmoConfig | str = "tiny", seed: int = 0, batch_size: int = 64,
@@ -277,9 +283,7 @@ class Elmo:
         bar; ``None`` shows it for more than 1000 sentences.  ``stateful``: carry the LSTM
         state between batches (see the class docstring); the default is deterministic.
         """
-        if isinstance(sentences, (str, bytes)):
-            raise TypeError("embed() takes a list of sentences; wrap a single sentence as [sentence]")
-        sentences = list(sentences)
+        sentences = _sentence_list(sentences)
         out: list[np.ndarray | None] = [None] * len(sentences)
         for indices, arrays in self.embed_groups(
             sentences, layers, batch_size=batch_size, stateful=stateful, progress=progress, mix_params=mix_params
@@ -323,17 +327,15 @@ class Elmo:
         group at a time, so a caller can write results out without holding them all (the
         ``elmo-jax embed`` command does).  While a group is yielded the next one is already
         computing (with ``stateful=True`` its state is already carried)."""
-        if isinstance(sentences, (str, bytes)):
-            raise TypeError(
-                "embed() takes a list of sentences; wrap a single sentence as [sentence]"
-            )
+        sentences = _sentence_list(sentences)
         if layers not in LAYER_MODES:
             raise ValueError(f"layers must be one of {', '.join(LAYER_MODES)}, got {layers!r}")
         if layers == "mix":
             mix_params = self._check_mix_params(mix_params)
         elif mix_params is not None:
             raise ValueError('mix_params is only used with layers="mix"')
-        token_lists = [chars.tokenize(s) for s in sentences]
+        token_lists = _token_lists(sentences)
+        self._say_truncation(token_lists)
         batch_size = self.batch_size if batch_size is None else batch_size
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -488,6 +490,7 @@ class Elmo:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         words = self._check_vocab(tokens)
+        self._say_truncation([words])
         n_chars = self.config.char_cnn.max_characters_per_token
         vectors = np.zeros((len(words), self.config.projection_dim), np.float32)
         for start in range(0, len(words), batch_size):
@@ -501,6 +504,7 @@ class Elmo:
         (the word list is not stored: keep the vocabulary file that produced it)."""
         if self._cache_vectors is None:
             raise ElmoError("no token cache: call cache_vocabulary(tokens) first")
+        refuse_output_over_inputs(path, {role: f for role, f in self.source_files.items() if role != "token cache"})
         with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
             f.create_dataset("embedding", data=self._cache_vectors)
 
@@ -519,6 +523,10 @@ class Elmo:
         try:
             f = h5py.File(path, "r")
         except OSError as e:
+            damage = hdf5_damage(path, e)
+            if damage:
+                raise ElmoError(f"{path} {damage}; copy the token cache again, or rebuild it with "
+                                f"cache_vocabulary + save_token_cache") from None
             raise ElmoError(f"{path} is not a readable HDF5 token cache ({e}); the cache is the .hdf5 "
                             f"file, the vocabulary the text file") from None
         with f:
@@ -532,6 +540,7 @@ class Elmo:
                 f"({len(words)} vocabulary words x projection_dim {self.config.projection_dim})"
             )
         self._set_cache(words, vectors, _ANY_PRECISION)
+        self.source_files["token cache"] = os.path.abspath(path)
 
     def clear_token_cache(self) -> None:
         """Go back to running the char CNN for every token."""
@@ -539,11 +548,24 @@ class Elmo:
         self._cache_precision = _ANY_PRECISION
         self._cache_params = []
 
+    def _say_truncation(self, token_lists: list[list[str]]) -> None:
+        """Warn, once per object, that tokens longer than the char CNN reads are cut."""
+        if self._truncation_said:
+            return
+        n_chars = self.config.char_cnn.max_characters_per_token
+        cut = chars.truncated_tokens(token_lists, n_chars)
+        if cut:
+            self._truncation_said = True
+            warnings.warn(chars.truncation_message(cut, n_chars), chars.TokenTruncatedWarning, stacklevel=4)
+
     @staticmethod
     def _check_vocab(tokens: Sequence[str]) -> list[str]:
         if isinstance(tokens, str):
             raise TypeError("cache_vocabulary takes a list of tokens, not a string")
-        words = list(tokens)
+        try:
+            words = list(tokens)
+        except TypeError:
+            raise TypeError(f"cache_vocabulary takes a list of tokens, got {type(tokens).__name__}") from None
         if not words:
             raise ValueError("the vocabulary is empty")
         for w in words:
@@ -585,6 +607,35 @@ class Elmo:
         else:
             table = cache
         return table[idx]
+
+
+def _sentence_list(sentences: Sequence[Sentence]) -> list[Sentence]:
+    """``embed``'s argument as a list, or a TypeError that says what it takes."""
+    if isinstance(sentences, (str, bytes)):
+        raise TypeError("embed() takes a list of sentences; wrap a single sentence as [sentence]")
+    try:
+        return list(sentences)
+    except TypeError:
+        raise TypeError(f"embed() takes a list of sentences (strings, or lists of str tokens), got "
+                        f"{type(sentences).__name__}: {sentences!r:.80}") from None
+
+
+def _token_lists(sentences: list[Sentence]) -> list[list[str]]:
+    """Each sentence as a token list; an error names the sentence's index.  An empty-string
+    token is refused: it would be embedded as a word with no characters."""
+    out = []
+    for i, sentence in enumerate(sentences):
+        try:
+            tokens = chars.tokenize(sentence)
+        except TypeError as e:
+            raise TypeError(f"sentence {i}: {e}") from None
+        if not all(tokens):
+            raise ValueError(
+                f"sentence {i}: token {[bool(t) for t in tokens].index(False)} is an empty string: a token needs "
+                f"at least one character (splitting a string sentence never gives one); drop empty strings "
+                f"from the token list")
+        out.append(tokens)
+    return out
 
 
 def _same_leaves(a: list, b: list) -> bool:

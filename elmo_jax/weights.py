@@ -19,6 +19,7 @@ Loading then saving gives the same datasets bit for bit.
 from __future__ import annotations
 
 import os
+import re
 
 import h5py
 import numpy as np
@@ -27,6 +28,7 @@ from elmo_jax import chars
 from elmo_jax.atomic import atomic_path
 from elmo_jax.config import ElmoConfig
 from elmo_jax.errors import ElmoError
+from elmo_jax.textio import HDF5_SIGNATURE
 
 
 class WeightFileError(ElmoError, ValueError):
@@ -124,6 +126,30 @@ def datasets_to_params(datasets: dict[str, np.ndarray], config: ElmoConfig) -> d
     return params
 
 
+def hdf5_damage(path: str, error: OSError) -> str | None:
+    """Why h5py could not open ``path`` (the ``error`` it raised), if the file is an HDF5 file
+    that is empty, cut short or damaged: the end of a sentence starting with ``is``
+    ("is truncated: ...").  ``None`` when the file is not HDF5 at all (another kind of
+    file, e.g. two arguments given the wrong way round)."""
+    try:
+        size = os.path.getsize(path)
+        with open(path, "rb") as f:
+            head = f.read(len(HDF5_SIGNATURE))
+    except OSError:
+        return None
+    if size == 0:
+        return "is empty (0 bytes): an interrupted copy or write?"
+    if not HDF5_SIGNATURE.startswith(head):
+        return None
+    m = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(error))
+    if m:
+        return (f"is truncated: it holds {int(m[1]):,} of the {int(m[2]):,} bytes its HDF5 header declares "
+                f"(an interrupted copy or download?)")
+    if len(head) < len(HDF5_SIGNATURE):
+        return f"is truncated: {size} bytes, shorter than an HDF5 header"
+    return f"is a damaged HDF5 file ({error})"
+
+
 def load_weights(path: str | os.PathLike, config: ElmoConfig) -> dict:
     """Read an HDF5 weight file into the parameter pytree, checking every name and shape."""
     path = os.fspath(path)
@@ -132,28 +158,35 @@ def load_weights(path: str | os.PathLike, config: ElmoConfig) -> dict:
     try:
         f = h5py.File(path, "r")
     except OSError as e:
+        damage = hdf5_damage(path, e)
+        if damage:
+            raise WeightFileError(f"{path} {damage}; copy or download the weight file again") from None
         raise WeightFileError(f"{path} is not a readable HDF5 file ({e}); the weight file is the "
                               f".hdf5 one, options.json the JSON one") from None
     datasets = {}
     with f:
-        _refuse_undescribed(f, path, expected_shapes(config))
-        for name, shape in expected_shapes(config).items():
-            if name not in f or not isinstance(f[name], h5py.Dataset):
-                raise WeightFileError(
-                    f"{path}: dataset {name!r} is missing (expected shape {shape}); "
-                    f"does options.json describe this weight file?"
-                )
-            found = f[name].shape
-            if name == "char_embed" and found == (chars.N_CHARS, shape[1]):
-                # A table saved with its padding row: drop it, it is re-added below.
-                datasets[name] = np.asarray(f[name][1:], dtype=np.float32)
-                continue
-            if found != shape:
-                raise WeightFileError(
-                    f"{path}: dataset {name!r} has shape {found}, expected {shape} from "
-                    f"options.json; the options do not fit these weights"
-                )
-            datasets[name] = np.asarray(f[name][...], dtype=np.float32)
+        try:
+            _refuse_undescribed(f, path, expected_shapes(config))
+            for name, shape in expected_shapes(config).items():
+                if name not in f or not isinstance(f[name], h5py.Dataset):
+                    raise WeightFileError(
+                        f"{path}: dataset {name!r} is missing (expected shape {shape}); "
+                        f"does options.json describe this weight file?"
+                    )
+                found = f[name].shape
+                if name == "char_embed" and found == (chars.N_CHARS, shape[1]):
+                    # A table saved with its padding row: drop it, it is re-added below.
+                    datasets[name] = np.asarray(f[name][1:], dtype=np.float32)
+                    continue
+                if found != shape:
+                    raise WeightFileError(
+                        f"{path}: dataset {name!r} has shape {found}, expected {shape} from "
+                        f"options.json; the options do not fit these weights"
+                    )
+                datasets[name] = np.asarray(f[name][...], dtype=np.float32)
+        except OSError as e:  # the header opened, a dataset did not read: the file is damaged
+            raise WeightFileError(f"{path} is a damaged HDF5 file ({e}); copy or download the weight "
+                                  f"file again") from None
     return datasets_to_params(datasets, config)
 
 

@@ -15,17 +15,23 @@ matrix underfits at rates that suit a ScalarMix); (4) print held-out token accur
 head.  The biLM never changes: only head
 parameters are in the gradient (see ``elmo_jax.finetune``).
 
-Default run: about 2-4 minutes on 2 CPU cores.
+Default run: about 2-4 minutes on 2 CPU cores.  Ctrl-C, SIGTERM (``kill``, ``timeout``) stop it
+at once with exit status 130 / 143 and one line on stderr, also during pretraining (with
+``--workdir``, the same command then resumes from its checkpoint); a temporary workdir is
+removed however the script ends.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
+import signal
 import sys
 import tempfile
 import time
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -40,6 +46,31 @@ LEARNING_RATES = (3e-2, 1e-2, 3e-3)
 # Tiny model for --quick: compiles and runs in seconds.
 MICRO = {"dim": 32, "projection_dim": 16, "embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]],
          "n_highway": 1, "max_characters_per_token": 16}
+
+
+class Stopped(BaseException):
+    """The user stopped the script (a signal; ``args[0]`` is its name).  A BaseException, as
+    KeyboardInterrupt is, so that no ``except Exception`` on the way swallows it."""
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    """SIGTERM raises :class:`Stopped`, as Ctrl-C raises KeyboardInterrupt, so that cleanup
+    runs (the default action kills the process on the spot).  The caller's handler is back
+    afterwards; outside the main thread (where no handler can be set) nothing changes."""
+
+    def handler(signum, frame):
+        raise Stopped(signal.Signals(signum).name)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def pretrain(workdir: str, corpus: str, quick: bool) -> Elmo:
@@ -58,6 +89,8 @@ def pretrain(workdir: str, corpus: str, quick: bool) -> Elmo:
     )
     start = time.perf_counter()
     summary = train(cfg, os.path.join(workdir, "run"), progress=not quick)
+    if summary.get("interrupted"):  # train() caught the signal and saved: the script stops too
+        raise Stopped(summary["interrupted"])
     export(os.path.join(workdir, "run"), os.path.join(workdir, "model"), overwrite=True)
     print(f"pretrained {summary['step']} steps in {time.perf_counter() - start:.0f} s; exported to {workdir}/model")
     return Elmo.load(os.path.join(workdir, "model"), batch_size=256)
@@ -72,9 +105,29 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def model_and_corpus(args: argparse.Namespace) -> tuple[Elmo, str]:
-    """The frozen ELMo (``args.model_dir``, or pretrained here) and the corpus folder."""
-    workdir = args.workdir or tempfile.mkdtemp(prefix="elmo-finetune-")
+def run_stoppable(script: str, args: argparse.Namespace, body: Callable[[str], int]) -> int:
+    """``body(workdir)``, where ``workdir`` is ``args.workdir`` or a temporary folder that is
+    removed however the script ends.  Ctrl-C / SIGTERM stop it at once with one line on
+    stderr and exit status 130 / 143 (128 + the signal)."""
+    with stop_on_sigterm():
+        temporary = None
+        try:
+            if not args.workdir:
+                temporary = tempfile.mkdtemp(prefix=f"elmo-{script}-")
+            return body(args.workdir or temporary)
+        except (Stopped, KeyboardInterrupt) as e:
+            name = e.args[0] if isinstance(e, Stopped) and e.args else "SIGINT"
+            after = (f"its temporary folder {temporary} was removed" if temporary else
+                     f"{args.workdir} is kept: the same command continues from what it holds")
+            print(f"{script}: stopped by {name}; {after}", file=sys.stderr)
+            return 128 + int(getattr(signal, name, signal.SIGTERM))
+        finally:
+            if temporary:
+                shutil.rmtree(temporary, ignore_errors=True)
+
+
+def model_and_corpus(args: argparse.Namespace, workdir: str) -> tuple[Elmo, str]:
+    """The frozen ELMo (``args.model_dir``, or pretrained in ``workdir``) and the corpus folder."""
     corpus = os.path.join(workdir, "corpus")
     if not os.path.exists(os.path.join(corpus, "stats.json")):
         write_corpus(corpus, n_train=400 if args.quick else 20_000, n_heldout=100 if args.quick else 1000,
@@ -132,8 +185,13 @@ def train_head(elmo: Elmo, head: str, seed: int, n_classes: int, fit: tuple, dev
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, __doc__.split("\n\n")[0])
+    return run_stoppable("finetune_heads", args, lambda workdir: run(args, workdir))
+
+
+def run(args: argparse.Namespace, workdir: str) -> int:
+    """Steps (1)-(4) of the module docstring in ``workdir``."""
     try:
-        elmo, corpus = model_and_corpus(args)
+        elmo, corpus = model_and_corpus(args, workdir)
     except (OSError, ValueError) as e:  # a missing or broken model folder: the message says which
         print(f"finetune_heads: error: {e}", file=sys.stderr)
         return 2

@@ -22,6 +22,7 @@ time on 2 AMD EPYC cores, most of it the pretraining (README, "ELMo inside a Fla
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import time
@@ -33,7 +34,7 @@ import optax
 from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from finetune_heads import (LEARNING_RATES, embedded, model_and_corpus, parse_args,  # noqa: E402
+from finetune_heads import (LEARNING_RATES, embedded, model_and_corpus, parse_args, run_stoppable,  # noqa: E402
                             tagging_data, train_head)
 
 from elmo_jax.finetune import accuracy  # noqa: E402
@@ -97,8 +98,13 @@ def tagger_accuracy(model: Tagger, split, classes, config) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv, __doc__.split("\n\n")[0])
+    return run_stoppable("flax_tagger", args, lambda workdir: run(args, workdir))
+
+
+def run(args: argparse.Namespace, workdir: str) -> int:
+    """The frozen ELMo and corpus (in ``workdir``), the NNX tagger's training, and the comparison."""
     try:
-        elmo, corpus = model_and_corpus(args)
+        elmo, corpus = model_and_corpus(args, workdir)
     except (OSError, ValueError) as e:  # a missing or broken model folder: the message says which
         print(f"flax_tagger: error: {e}", file=sys.stderr)
         return 2

@@ -76,6 +76,7 @@ from typing import Any
 
 import numpy as np
 
+from elmo_jax.atomic import new_mode
 from elmo_jax.data.vocab import BOS, EOS, UNK
 
 __all__ = [
@@ -964,6 +965,7 @@ def write_corpus(out_dir: str | os.PathLike, seed: int = DEFAULT_SEED,
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
+        os.chmod(tmp, new_mode(folder=True))  # a folder's usual mode, not mkdtemp's 0o700
         stats = _build_corpus(tmp, seed, n_train, n_heldout)
         if out.exists():
             trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))

@@ -193,6 +193,14 @@ class LocalTextConfig(tfds.core.BuilderConfig):
     files: tuple[str, ...] = ()
 
 
+class _LocalTextInfo(tfds.core.DatasetInfo):
+    """The info of local text, which TFDS's bucket of pre-computed infos cannot hold: its
+    look-up there is skipped (TFDS makes a temporary folder for it that it never removes)."""
+
+    def initialize_from_bucket(self) -> None:
+        return None
+
+
 class ElmoLocalText(tfds.core.GeneratorBasedBuilder):
     """Local tokenized text (one sentence per line) -> ArrayRecord, feature ``text``.
 
@@ -207,7 +215,7 @@ class ElmoLocalText(tfds.core.GeneratorBasedBuilder):
     code_path = None
 
     def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(
+        return _LocalTextInfo(
             builder=self,
             description="Tokenized text, one sentence per line, read from local files.",
             features=tfds.features.FeaturesDict({"text": tfds.features.Text()}),

@@ -51,9 +51,20 @@ class LoadedCheckpoint:
     eval_max_batches: int | None = None  # the setting of the start that wrote the checkpoint
 
 
+def require_workdir(workdir: str) -> None:
+    """Refuse a run folder that does not exist or is a file, naming what it is."""
+    if not os.path.exists(workdir):
+        raise ElmoError(f"the workdir {workdir} does not exist: give the folder that `elmo-jax train "
+                        f"--workdir` wrote (it holds config.json and checkpoints/)")
+    if not os.path.isdir(workdir):
+        raise ElmoError(f"{workdir} is a file, not a training workdir (the folder that `elmo-jax train "
+                        f"--workdir` wrote)")
+
+
 def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) -> LoadedCheckpoint:
     """The params of a run's checkpoint (latest by default), with its config and vocabulary."""
     workdir = os.path.abspath(os.fspath(workdir))
+    require_workdir(workdir)
     for name in ("config.json", "vocab.txt"):
         if not os.path.exists(os.path.join(workdir, name)):
             raise ElmoError(f"{workdir} is not a training workdir: {name} is missing")
@@ -85,6 +96,7 @@ def export(workdir: str | os.PathLike, out_dir: str | os.PathLike, step: int | N
     """Write the frozen model of a checkpoint to ``out_dir`` (see the module docstring)."""
     out_dir = os.path.abspath(os.fspath(out_dir))
     run = os.path.realpath(os.fspath(workdir))
+    require_workdir(os.path.abspath(os.fspath(workdir)))
     if os.path.commonpath([run, os.path.realpath(out_dir)]) == os.path.realpath(out_dir):
         raise ElmoError(f"the output folder {out_dir} is or contains the training workdir {run}; "
                         f"replacing it would delete the run's checkpoints: choose another folder")
