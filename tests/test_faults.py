@@ -99,8 +99,259 @@ def test_token_cache_never_replaces_the_model_files(model_dir):
 
 # ==========================================================================================
 # 2-5. Training under faults: a diverging loss, two runs on one workdir, a damaged newest
-#      checkpoint, a full disk during a checkpoint.  (Tests added with the training fixes.)
+#      checkpoint, a full disk during a checkpoint; and failed starts leave nothing behind.
 # ==========================================================================================
+
+def _train_cfg(tmp_path, **kw):
+    from tests.test_train import _cfg
+
+    return _cfg(tmp_path, **kw)
+
+
+def _train_losses(workdir):
+    from tests.test_train import _losses
+
+    return _losses(workdir)
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+    """Six uninterrupted steps (checkpoints at 3 and 6): the losses every recovery must match."""
+    from elmo_jax.train.loop import train
+
+    tmp = tmp_path_factory.mktemp("reference")
+    cfg = _train_cfg(tmp)
+    train(cfg, str(tmp / "run"), progress=False)
+    return cfg, tmp / "run", _train_losses(tmp / "run")
+
+
+def _copy_run(reference_run, tmp_path, max_steps):
+    """The reference run's checkpoints up to ``max_steps`` in a new workdir (same data)."""
+    import shutil
+
+    cfg, run, _ = reference_run
+    work = tmp_path / "run"
+    shutil.copytree(run, work)
+    for p in (work / "checkpoints").iterdir():
+        if p.name.isdigit() and int(p.name) > max_steps:
+            shutil.rmtree(p)
+    return cfg, work
+
+
+def test_a_finite_loss_of_1e6_stops_the_run_and_names_the_step(tmp_path, monkeypatch):
+    """2. A loss of 1e6 (finite, but exp overflows) is divergence: stop, name the step, save nothing."""
+    import elmo_jax.train.loop as loop
+    from elmo_jax.train.loop import TrainingError
+
+    real = loop.make_loss_fn
+
+    def exploded(vocab_size, num_negatives):
+        selection = real(vocab_size, num_negatives)
+        return selection._replace(fn=lambda *a, **k: selection.fn(*a, **k) + 1e6)
+
+    monkeypatch.setattr(loop, "make_loss_fn", exploded)
+    cfg = _train_cfg(tmp_path, num_negatives=64)  # the full softmax here: the log line has a perplexity
+    with pytest.raises(TrainingError, match=r"the loss became 1000\d{3}(\.\d+)? at step 1 \(far above 18\.1 "
+                                            r".*no good checkpoint was written"):
+        loop.train(cfg, str(tmp_path / "run"), progress=False)
+    assert not (tmp_path / "run" / "checkpoints").exists()  # nothing saved (and no empty folder left)
+
+
+def test_a_heldout_loss_too_large_for_exp_is_an_infinite_perplexity():
+    """2. evaluate() reports a perplexity of inf, not an OverflowError, for a held-out loss of 1e6."""
+    from elmo_jax.data.text_source import InMemorySource
+    from elmo_jax.data.vocab import Vocabulary
+    from elmo_jax.train.evaluation import evaluate
+    from elmo_jax.train.losses import perplexity
+
+    def huge(params, state, batch):
+        n = float(np.sum(batch["fwd_mask"]))
+        return state, {"fwd_loss_sum": 1e6 * n, "fwd_count": n, "bwd_loss_sum": 2.0 * n, "bwd_count": n}
+
+    config = ElmoConfig.preset("tiny").replace(**MICRO)
+    vocab = Vocabulary(["<S>", "</S>", "<UNK>", "a", "b", "c"])
+    out = evaluate({}, config, InMemorySource(["a b c", "b c a a"]), vocab, batch_size=2, unroll_steps=4,
+                   eval_fn=huge)
+    assert out["perplexity"] == out["fwd_perplexity"] == float("inf")
+    assert out["bwd_perplexity"] == pytest.approx(np.exp(2.0))
+    assert perplexity(1e6) == float("inf") and perplexity(1.0) == pytest.approx(np.e)
+
+
+def test_a_second_run_on_a_busy_workdir_is_refused_naming_the_holder(reference_run, tmp_path):
+    """3. While a training process runs in a workdir, a second start is refused with its pid and host;
+    export can read meanwhile; once the first is killed (-9), the lock is gone and the run resumes."""
+    import socket
+
+    from elmo_jax.train.export import export
+    from elmo_jax.train.loop import train
+    from elmo_jax.train.workdir import WorkdirBusyError
+
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=3)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom elmo_jax.train.workdir import hold_workdir\n"
+         "with hold_workdir(sys.argv[1], True):\n    print('held', flush=True); time.sleep(120)", str(work)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(WorkdirBusyError, match=rf"in use by another training run: pid {holder.pid} on host "
+                                                   rf"{socket.gethostname()}"):
+            train(cfg, str(work), progress=False)
+        assert export(work, tmp_path / "exported")["step"] == 3  # readers are not blocked
+    finally:
+        holder.kill()  # SIGKILL: the kernel releases the lock
+        holder.wait()
+    summary = train(cfg, str(work), progress=False)
+    assert summary["start_step"] == 3
+    reference = reference_run[2]
+    assert [_train_losses(work)[s] for s in (4, 5, 6)] == pytest.approx([reference[s] for s in (4, 5, 6)], abs=1e-6)
+
+
+def test_two_real_training_processes_on_one_workdir(tmp_path):
+    """3. Two `train` commands on one workdir: the second exits at once with one error line naming the first."""
+    from tests.test_train import _corpus
+
+    work = tmp_path / "run"
+    args = [sys.executable, str(REPO / "train.py"), "--workdir", str(work), "--no-progress",
+            "--config.model_overrides.dim=16", "--config.model_overrides.projection_dim=8",
+            "--config.model_overrides.filters=[[1,8],[2,8]]", f"--config.data={_corpus(tmp_path, n=400)}",
+            f"--config.data_dir={tmp_path / 'tfds'}", "--config.batch_size=4", "--config.unroll_steps=5",
+            "--config.epochs=1000", "--config.log_every=1"]
+    first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in first.stdout:  # until it trains
+            if line.startswith("training "):
+                break
+        second = subprocess.run(args, capture_output=True, text=True, timeout=300)
+        assert second.returncode == 2, second.stderr
+        errors = [l for l in second.stderr.splitlines() if "error" in l]
+        assert len(errors) == 1 and f"pid {first.pid}" in errors[0] and "Traceback" not in second.stderr
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=120)
+    import json
+
+    steps = [json.loads(line)["step"] for line in (work / "metrics.jsonl").read_text().splitlines()]
+    assert steps and len(steps) == len(set(steps))  # no step logged twice
+
+
+@pytest.mark.parametrize("damage", ["truncated data file", "deleted metadata file"])
+def test_a_damaged_newest_checkpoint_is_skipped_moved_aside_and_resume_is_exact(reference_run, tmp_path, damage):
+    """4. A truncated / incomplete newest checkpoint: resume from the one before, say so, keep the damaged one."""
+    from elmo_jax.train.loop import train
+
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
+    newest = work / "checkpoints" / "6"
+    if damage == "truncated data file":
+        data = max((p for p in (newest / "state").rglob("*") if p.is_file() and p.parent.name == "d"),
+                   key=lambda p: p.stat().st_size)
+        os.truncate(data, data.stat().st_size // 2)
+    else:
+        (newest / "meta" / "metadata").unlink()
+    lines = []
+    summary = train(cfg.replace(max_steps=9), str(work), progress=False, log=lines.append)
+    assert summary["start_step"] == 3
+    skipped = [l for l in lines if l.startswith("skipping checkpoint")]
+    assert len(skipped) == 1 and "checkpoints/6: it is damaged" in skipped[0] and "checkpoints-damaged/6" in skipped[0]
+    assert (work / "checkpoints-damaged" / "6" / "state").is_dir()  # moved aside, never deleted
+    assert [_train_losses(work)[s] for s in (4, 5, 6)] == pytest.approx(
+        [reference_run[2][s] for s in (4, 5, 6)], abs=1e-6)
+
+
+def test_export_and_eval_name_a_damaged_checkpoint_as_damaged(reference_run, tmp_path, capsys):
+    """4. export / eval of a truncated checkpoint: "damaged", and the other steps to pick from."""
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
+    data = max((p for p in (work / "checkpoints" / "6" / "state").rglob("*") if p.is_file() and p.parent.name == "d"),
+               key=lambda p: p.stat().st_size)
+    os.truncate(data, 10)
+    for argv in (["export", str(work), str(tmp_path / "out")], ["eval", str(work), "--data", cfg.data]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "checkpoints/6 is damaged" in err and "steps 3: pick one with --step" in err, err
+        assert "does not fit" not in err and "Traceback" not in err
+    assert main(["export", str(work), str(tmp_path / "out"), "--step", "3"]) == 0
+
+
+def _fill_disk(monkeypatch):
+    """orbax's writer fails as a full disk makes it fail: a half-written temporary folder,
+    then an error wrapping ENOSPC."""
+    import errno
+
+    import orbax.checkpoint as ocp
+
+    def full(self, step, *args, **kwargs):
+        os.makedirs(os.path.join(str(self.directory), f"{step}.orbax-checkpoint-tmp", "state"))
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as cause:
+            raise ValueError("RESOURCE_EXHAUSTED: Error writing local file") from cause
+
+    monkeypatch.setattr(ocp.CheckpointManager, "save", full)
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_one_resumes(reference_run, tmp_path,
+                                                                                  monkeypatch, capfd):
+    """5. ENOSPC while saving: one line (disk full, the space a checkpoint needs, the intact previous
+    checkpoint), no temporary folder left; after space is freed the run resumes exactly."""
+    from elmo_jax.train.checkpoints import DiskFullError
+    from elmo_jax.train.loop import train
+
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=3)
+    capfd.readouterr()
+    with monkeypatch.context() as patch, pytest.raises(DiskFullError) as raised:
+        _fill_disk(patch)
+        train(cfg, str(work), progress=False, log=lambda msg: None)
+    message = str(raised.value)
+    assert "\n" not in message and "Traceback" not in capfd.readouterr().err
+    assert message.startswith("disk full: checkpoint 6 could not be written") and "MiB" in message
+    assert f"the previous checkpoint {work / 'checkpoints' / '3'} is intact" in message
+    assert not [p for p in (work / "checkpoints").iterdir() if p.name.endswith("-tmp")]
+    summary = train(cfg, str(work), progress=False)
+    assert summary["start_step"] == 3
+    assert [_train_losses(work)[s] for s in (4, 5, 6)] == pytest.approx(
+        [reference_run[2][s] for s in (4, 5, 6)], abs=1e-6)
+
+
+def test_a_real_full_disk_on_a_small_tmpfs(reference_run, tmp_path):
+    """5. The same on a real 1 MiB tmpfs (needs permission to mount one; skipped otherwise)."""
+    import shutil
+
+    from elmo_jax.train.checkpoints import DiskFullError
+    from elmo_jax.train.loop import train
+
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root); the monkeypatched writer test covers the logic")
+    try:
+        cfg, run, _ = reference_run
+        shutil.copytree(run, mnt / "run", ignore=shutil.ignore_patterns("tensorboard", "6"))
+        with pytest.raises(DiskFullError, match=r"disk full: checkpoint \d+ could not be written .* the previous "
+                                                r"checkpoint \S+/checkpoints/\d+ is intact"):
+            train(cfg.replace(max_steps=60, checkpoint_every=3), str(mnt / "run"), progress=False)
+        assert not [p for p in (mnt / "run" / "checkpoints").iterdir() if p.name.endswith("-tmp")]
+    finally:
+        subprocess.run(["umount", str(mnt)], capture_output=True)
+
+
+def test_a_workdir_that_is_a_file_is_named_and_a_failed_start_leaves_no_skeleton(tmp_path):
+    """7. A regular file as workdir is named as such; a start that fails leaves no empty folders."""
+    from elmo_jax.train.loop import TrainingError, train
+
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(TrainingError, match="is a file, not a folder"):
+        train(_train_cfg(tmp_path), str(blocker), progress=False)
+    empty = tmp_path / "empty.txt"
+    empty.write_text("\n\n", encoding="utf-8")
+    with pytest.raises(Exception, match="empty"):
+        train(_train_cfg(tmp_path, data=str(empty), data_dir=None), str(tmp_path / "new"), progress=False)
+    assert not (tmp_path / "new").exists()  # no checkpoints/ or tfds/ skeleton, no folder at all
+    existing = tmp_path / "existing"
+    (existing / "mine").mkdir(parents=True)
+    with pytest.raises(Exception, match="empty"):
+        train(_train_cfg(tmp_path, data=str(empty), data_dir=None), str(existing), progress=False)
+    assert sorted(p.name for p in existing.iterdir()) == ["mine", "run.lock"]
 
 
 # ==========================================================================================

@@ -7,7 +7,15 @@ A checkpoint at step ``n`` holds
   model's ``options.json`` dict, the vocabulary size and anything else the loop records.
 
 orbax writes each step into a temporary folder and renames it when complete, so an
-interrupted save never replaces the previous checkpoint.
+interrupted save never replaces the previous checkpoint.  Faults are named as such:
+
+* a checkpoint whose files cannot be read (truncated, deleted, unreadable) raises
+  :class:`DamagedCheckpointError` (told apart from a checkpoint of another layout by
+  restoring it with its own recorded shapes); :meth:`Checkpoints.move_aside` puts it in
+  ``WORKDIR/checkpoints-damaged/`` (never deleted) so that the previous one is the latest;
+* a full disk while saving raises :class:`DiskFullError`, one sentence with the space a
+  checkpoint needs and the intact previous checkpoint; the half-written temporary folder is
+  removed, and the storage layers' own error logs about it are held back.
 
 Multi-process runs pass *global* ``jax.Array``s (the train state replicated over a mesh of
 all devices, the LSTM state sharded by rows): every process calls :meth:`Checkpoints.save`
@@ -21,7 +29,12 @@ checkpoints as ``vocab.txt`` in the workdir (it never changes during a run).
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import gc
+import logging
 import os
+import shutil
 from typing import Any
 
 import jax
@@ -31,19 +44,110 @@ import orbax.checkpoint as ocp
 from elmo_jax.errors import ElmoError
 
 
+DAMAGED_FOLDER = "checkpoints-damaged"
+# Loggers through which orbax, tensorstore's asyncio futures and absl report a failed write.
+_STORAGE_LOGGERS = ("absl", "asyncio")
+
+
 class CheckpointError(ElmoError):
     """A checkpoint that cannot be restored into the requested run."""
+
+
+class DamagedCheckpointError(CheckpointError):
+    """A checkpoint whose files cannot be read back (truncated, missing, corrupted)."""
+
+    def __init__(self, step: int, path: str, reason: str, hint: str = ""):
+        self.step, self.path, self.reason = step, path, reason
+        super().__init__(f"checkpoint {path} is damaged ({reason}); it cannot be restored{hint}")
+
+
+class DiskFullError(CheckpointError):
+    """No space left for a checkpoint; the previous checkpoints are intact."""
+
+
+def _chain(e: BaseException) -> list[BaseException]:
+    out, seen = [], set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        out.append(e)
+        e = e.__cause__ or e.__context__
+    return out
+
+
+def is_disk_full(e: BaseException) -> bool:
+    """True when ``e`` (or an exception it was raised from) says the disk or quota is full."""
+    for x in _chain(e):
+        if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT):
+            return True
+        text = str(x)
+        if "No space left on device" in text or "Disk quota exceeded" in text:
+            return True
+    return False
+
+
+def _reason(e: BaseException) -> str:
+    """The first line of the innermost message that says something (orbax wraps errors)."""
+    for x in reversed(_chain(e)):
+        line = str(x).strip().splitlines()[0] if str(x).strip() else ""
+        if line:
+            return f"{type(x).__name__}: {line[:300]}"
+    return type(e).__name__
+
+
+def _folder_bytes(path: str) -> int:
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
+class _HeldLogs(logging.Filter):
+    """Holds the storage loggers' records while a save is in flight: released as they were
+    if the save fails for any reason but a full disk (whose one-line error says it all);
+    after a full disk, their later echoes of it (asyncio futures collected late) are dropped."""
+
+    def __init__(self):
+        super().__init__()
+        self.holding = False
+        self.held: list[logging.LogRecord] = []
+        self.disk_full = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if self.disk_full:
+            text = record.getMessage() + (str(record.exc_info[1]) if record.exc_info else "")
+            if "No space left" in text or "RESOURCE_EXHAUSTED" in text or "Disk quota" in text:
+                return False
+        if self.holding:
+            self.held.append(record)
+            return False
+        return True
+
+    def release(self, emit: bool) -> None:
+        held, self.held, self.holding = self.held, [], False
+        for record in held if emit else ():
+            logging.getLogger(record.name).handle(record)
 
 
 class Checkpoints:
     """The checkpoints of one workdir (``WORKDIR/checkpoints/<step>``)."""
 
-    def __init__(self, workdir: str | os.PathLike, keep: int = 3):
-        self.directory = os.path.join(os.path.abspath(os.fspath(workdir)), "checkpoints")
+    def __init__(self, workdir: str | os.PathLike, keep: int = 3, create: bool = True):
+        """``create=False`` for readers (eval, export): a missing folder is not made."""
+        self.workdir = os.path.abspath(os.fspath(workdir))
+        self.directory = os.path.join(self.workdir, "checkpoints")
         self._manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True),
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create),
         )
+        self._logs = _HeldLogs()
+        for name in _STORAGE_LOGGERS:
+            logging.getLogger(name).addFilter(self._logs)
+        self._state_bytes = 0
+        self._failed = False
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -58,15 +162,22 @@ class Checkpoints:
         """Save ``state`` (host arrays, or global ``jax.Array``s from every process of a
         multi-process job) and the JSON ``meta`` (written by process 0) as step ``step``."""
         state = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else np.asarray(x), state)
-        self._manager.save(
-            step,
-            args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
-            force=True,
-        )
+        self._state_bytes = sum(int(x.nbytes) for x in jax.tree.leaves(state))
+        with self._storage_errors(step):
+            self._manager.save(
+                step,
+                args=ocp.args.Composite(state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)),
+                force=True,
+            )
 
     def read_meta(self, step: int | None = None) -> dict:
         step = self._require(step)
-        out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        try:
+            out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+        except Exception as e:  # missing or unreadable record: nothing else to read it from
+            raise DamagedCheckpointError(step, self.path(step), f"its record cannot be read: {_reason(e)}") from None
+        if not isinstance(out.get("meta"), dict):
+            raise DamagedCheckpointError(step, self.path(step), "its record is empty")
         return out["meta"]
 
     def restore(self, template: Any, step: int | None = None) -> tuple[Any, dict]:
@@ -89,7 +200,12 @@ class Checkpoints:
                 step,
                 args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()),
             )
-        except (ValueError, KeyError, TypeError) as e:
+        except Exception as e:
+            damage = self._damage(step)
+            if damage is not None:
+                raise DamagedCheckpointError(step, self.path(step), damage) from None
+            if not isinstance(e, (ValueError, KeyError, TypeError)):
+                raise
             raise CheckpointError(
                 f"checkpoint {self.path(step)} does not fit this run's model/optimizer/batch "
                 f"layout: {e}"
@@ -103,13 +219,97 @@ class Checkpoints:
                 )
         return state, out["meta"]
 
+    def _damage(self, step: int) -> str | None:
+        """Why ``step`` cannot be read back with its own recorded shapes; None if it can (a
+        failed restore is then a layout mismatch, not damage)."""
+        state_dir = os.path.join(self.path(step), "state")
+        try:
+            with ocp.StandardCheckpointer() as reader:
+                recorded = reader.metadata(state_dir)
+                tree = getattr(recorded, "item_metadata", recorded)
+                has_shape = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")  # noqa: E731
+                reader.restore(state_dir, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree, is_leaf=has_shape))
+        except Exception as e:
+            return f"its arrays cannot be read: {_reason(e)}"
+        return None
+
+    def move_aside(self, step: int) -> str:
+        """Move a damaged checkpoint to ``WORKDIR/checkpoints-damaged/`` (kept, never
+        deleted) so that it is no longer the latest; returns where it went."""
+        target_dir = os.path.join(self.workdir, DAMAGED_FOLDER)
+        os.makedirs(target_dir, exist_ok=True)
+        target, n = os.path.join(target_dir, str(step)), 1
+        while os.path.exists(target):
+            n += 1
+            target = os.path.join(target_dir, f"{step}.{n}")
+        os.rename(self.path(step), target)
+        self.reload()
+        return target
+
+    def reload(self) -> None:
+        """Read the list of checkpoints from disk again (after one was moved aside)."""
+        self._manager.reload()
+
     def wait(self) -> None:
         """Block until pending asynchronous saves are on disk."""
-        self._manager.wait_until_finished()
+        with self._storage_errors(None):
+            self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.wait_until_finished()
-        self._manager.close()
+        try:
+            if not self._failed:
+                self.wait()
+            self._manager.close()
+        except Exception:
+            if not self._failed:
+                raise
+        finally:
+            gc.collect()  # failed writes' futures report now, through the filter
+            self._logs.release(emit=True)
+            if not self._logs.disk_full:  # else orbax's threads may still echo it: keep dropping those
+                for name in _STORAGE_LOGGERS:
+                    logging.getLogger(name).removeFilter(self._logs)
+
+    @contextlib.contextmanager
+    def _storage_errors(self, step: int | None):
+        """Name a full disk (one line, the space needed, the intact checkpoint) and remove
+        the failed save's temporary folder; other errors pass through with their logs.
+
+        The storage loggers are held from the start of a save until a wait finds it done
+        (the write goes on in a background thread after ``save`` returns)."""
+        self._logs.holding = True
+        try:
+            yield
+        except Exception as e:
+            disk_full = is_disk_full(e)
+            self._logs.disk_full |= disk_full
+            self._logs.release(emit=not disk_full)
+            if not disk_full:
+                raise
+            self._failed = True
+            gc.collect()  # the storage layer's failed futures report now, while their echoes are filtered
+            raise self._disk_full_error(step) from None
+        else:
+            if step is None:  # a wait: every save so far is on disk
+                self._logs.release(emit=True)
+
+    def _disk_full_error(self, step: int | None) -> DiskFullError:
+        partial = sorted(n for n in os.listdir(self.directory) if n.endswith(".orbax-checkpoint-tmp"))
+        if partial:  # the save that failed (an asynchronous one reports at the next call)
+            step = partial[0].split(".")[0]
+        for name in partial:
+            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+        done = sorted(int(n) for n in os.listdir(self.directory) if n.isdigit())
+        needed = _folder_bytes(self.path(done[-1])) if done else self._state_bytes
+        free = shutil.disk_usage(self.directory).free
+        intact = (f"the previous checkpoint {self.path(done[-1])} is intact" if done
+                  else "no earlier checkpoint exists")
+        return DiskFullError(
+            f"disk full: checkpoint {step if step is not None else ''} could not be written to "
+            f"{self.directory} (a checkpoint needs about {needed / 2**20:.1f} MiB, "
+            f"{free / 2**20:.1f} MiB are free); {intact}. Free some space and run the same command "
+            f"to resume from it"
+        )
 
     def _require(self, step: int | None) -> int:
         if step is None:

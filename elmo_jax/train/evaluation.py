@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 import jax.numpy as jnp
@@ -12,6 +11,7 @@ from elmo_jax.config import ElmoConfig
 from elmo_jax.data.batches import LMBatcher
 from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.model.lstm import zero_state
+from elmo_jax.train.losses import perplexity
 from elmo_jax.train.parallel import make_eval_fn
 
 
@@ -59,8 +59,8 @@ def evaluate(params: dict, config: ElmoConfig, source, vocab: Vocabulary, *, bat
     fwd = totals[0] / totals[1]
     bwd = totals[2] / totals[3]
     return {
-        "perplexity": float(math.exp(0.5 * (fwd + bwd))),
-        "fwd_perplexity": float(math.exp(fwd)),
-        "bwd_perplexity": float(math.exp(bwd)),
+        "perplexity": perplexity(0.5 * (fwd + bwd)),
+        "fwd_perplexity": perplexity(fwd),
+        "bwd_perplexity": perplexity(bwd),
         "tokens": int(totals[1]),
     }

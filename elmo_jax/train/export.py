@@ -27,7 +27,7 @@ from elmo_jax.config import ElmoConfig
 from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.embedder import OPTIONS_FILE, WEIGHTS_FILE
 from elmo_jax.errors import ElmoError
-from elmo_jax.train.checkpoints import Checkpoints
+from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.step import init_train_state, make_optimizer
 from elmo_jax.model.lstm import zero_state
@@ -72,7 +72,7 @@ def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) 
         train_config = TrainConfig(**json.load(f))
     model_config = train_config.elmo_config()
     vocab = Vocabulary.load(os.path.join(workdir, "vocab.txt"))
-    ckpts = Checkpoints(workdir)
+    ckpts = Checkpoints(workdir, create=False)
     try:
         meta = ckpts.read_meta(step)
         step = int(meta["step"]) if step is None else step
@@ -84,6 +84,11 @@ def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) 
                                                  or train_config.batch_size)))
         )
         (train_state, _), meta = ckpts.restore(template, step)
+    except DamagedCheckpointError as e:
+        others = [s for s in ckpts.all_steps() if s != e.step]
+        hint = (f"; the other checkpoints are steps {', '.join(map(str, others))}: pick one with --step"
+                if others else "; it is the only checkpoint")
+        raise DamagedCheckpointError(e.step, e.path, e.reason, hint) from None
     finally:
         ckpts.close()
     eval_max_batches = meta.get("config", {}).get("eval_max_batches", train_config.eval_max_batches)

@@ -56,7 +56,7 @@ from elmo_jax.train.step import init_train_state, make_optimizer
 from elmo_jax.train.stop import StopRequest
 from elmo_jax.train.workdir import (
     RESUMABLE_FIELDS, TrainingError, check_finite, check_resumable, check_writable, checkpoints_after_divergence,
-    restore, resume_data_position, write_checkpoint, write_run_files,
+    hold_workdir, restore_newest, resume_data_position, tidy_failed_start, write_checkpoint, write_run_files,
 )
 
 # Names other code and earlier versions imported from here.
@@ -67,13 +67,21 @@ __all__ = ["train", "evaluate", "TrainingError", "RunData", "prepare_data", "dat
 
 def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
           log: Callable[[str], None] | None = None) -> dict:
-    """Train (or resume) in ``workdir``; returns a summary dict (see the end of this function)."""
-    # -- build: folder, config, data, step function ----------------------------------------
+    """Train (or resume) in ``workdir``; returns a summary dict (see the end of
+    :func:`_train`).  The run holds the workdir's lock throughout (one run per workdir), and
+    a start that fails leaves no empty folders behind."""
     workdir = os.path.abspath(workdir)
     is_main = jax.process_index() == 0
+    with tidy_failed_start(workdir, is_main):
+        check_writable(workdir)
+        with hold_workdir(workdir, is_main):
+            return _train(cfg, workdir, progress, log, is_main)
+
+
+def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], None] | None, is_main: bool) -> dict:
+    # -- build: folder, config, data, step function ----------------------------------------
     if log is None:
         log = (lambda msg: print(msg, flush=True)) if is_main else (lambda msg: None)
-    check_writable(workdir)
     model_config = cfg.elmo_config()
     n_devices = jax.device_count()
     global_batch = cfg.global_batch_size(n_devices)
@@ -111,8 +119,8 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
     lstm_state = jax.tree.map(np.asarray, zero_state(model_config, local_batch))
     start_step = 0
     if latest is not None:
-        train_state, lstm_state, meta = restore(ckpts, latest, train_state, lstm_state, global_batch=global_batch,
-                                                n_devices=n_devices, mesh=mesh, log=log)
+        latest, train_state, lstm_state, meta = restore_newest(
+            ckpts, train_state, lstm_state, global_batch=global_batch, n_devices=n_devices, mesh=mesh, log=log)
         resume_data_position(batcher, meta, ckpts.path(latest), data_content)
         start_step = int(meta["step"])
         log(f"resuming from {ckpts.path(latest)} (step {start_step})")
@@ -131,7 +139,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
                        "device_count": n_devices, "global_batch": global_batch, "local_batch": local_batch,
                        "heldout": data.heldout_spec, "data_content": data_content}
     record_args = dict(tokens_per_step=global_batch * cfg.unroll_steps, steps_per_epoch=steps_per_epoch,
-                       with_perplexity=not selection.sampled)
+                       with_perplexity=not selection.sampled, vocab_size=len(vocab))
     eval_fn = make_eval_fn(model_config, dtype) if data.heldout is not None else None
     eval_args = dict(data=data, model_config=model_config, cfg=cfg, dtype=dtype, eval_fn=eval_fn)
     summary: dict[str, Any] = {"workdir": workdir, "start_step": start_step}
@@ -215,9 +223,9 @@ def train_step(runner, d_train, d_lstm, batch: dict, base_key: jax.Array, step: 
 
 
 def log_train(step: int, window: TrainWindow, runner, ckpts: Checkpoints, writer: MetricsWriter, bar, *,
-              tokens_per_step: int, steps_per_epoch: int, with_perplexity: bool) -> dict | None:
+              tokens_per_step: int, steps_per_epoch: int, with_perplexity: bool, vocab_size: int) -> dict | None:
     """One train record for the steps since the last one (means over those steps)."""
-    check_finite(window.fetch(runner.metrics), ckpts)
+    check_finite(window.fetch(runner.metrics), ckpts, vocab_size)
     record = window.record(step, tokens_per_step=tokens_per_step, steps_per_epoch=steps_per_epoch,
                            with_perplexity=with_perplexity)
     if record is not None:
@@ -245,7 +253,7 @@ def save(step: int, runner, d_train, d_lstm, batcher, window: TrainWindow, ckpts
          meta: dict) -> None:
     """Checkpoint ``step`` (all processes), never with diverged parameters: the pending
     metrics are checked first (they stay in ``window`` for the next train record)."""
-    check_finite(window.fetch(runner.metrics), ckpts)
+    check_finite(window.fetch(runner.metrics), ckpts, meta["vocab_size"])
     write_checkpoint(ckpts, step, runner.get_train_state(d_train), runner.get_rows(d_lstm, axis=2),
                      batcher.get_state(), mesh, meta)
 

@@ -331,3 +331,23 @@ def make_loss_fn(
 
     log.info(message)
     return LossSelection(fn, True, message)
+
+
+def perplexity(mean_loss: float) -> float:
+    """``exp(mean_loss)`` on the host, ``inf`` where that overflows a float (a loss above
+    ~709.8): a diverged run's perplexity is a value to report, not an exception."""
+    try:
+        return math.exp(mean_loss)
+    except OverflowError:
+        return math.inf
+
+
+def divergence_limit(vocab_size: int) -> float:
+    """The training loss above which a run counts as diverged although still finite.
+
+    A fresh model predicts about uniformly, a loss of ``log V``, and training only lowers
+    it; a loss above ``3 log V + 10`` (e.g. 13.8 -> 51 for lm1b's vocabulary, 32 for a
+    vocabulary of 1000) means the softmax assigns the targets far less than uniform
+    probability, which happens when the parameters blow up, not during learning.
+    """
+    return 3.0 * math.log(max(vocab_size, 2)) + 10.0

@@ -12,6 +12,7 @@ from typing import Any, Callable
 import numpy as np
 
 from elmo_jax.atomic import atomic_path
+from elmo_jax.train.losses import perplexity
 
 
 class MetricsWriter:
@@ -122,7 +123,7 @@ class TrainWindow:
         m["tokens_per_sec"] = tokens_per_step * (step - self.start_step) / max(elapsed, 1e-9)
         m["epoch"] = step / steps_per_epoch
         if with_perplexity:
-            m["perplexity"] = math.exp(0.5 * (m["fwd_loss"] + m["bwd_loss"]))
+            m["perplexity"] = perplexity(0.5 * (m["fwd_loss"] + m["bwd_loss"]))
         self.fetched = []
         self.start_step, self.start_time = step, time.perf_counter()
         return m

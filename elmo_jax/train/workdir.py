@@ -8,9 +8,14 @@ back from its latest checkpoint, and the checkpoints the loop writes.
       options.json         the biLM architecture, released models' spelling
       checkpoints/<step>/  orbax checkpoints (params, optimizer, LSTM state, data position)
 
-A restart reads the latest checkpoint, never anything else: the config may change only in
-:data:`RESUMABLE_FIELDS`, and the data, the process count and the global batch must be the
-ones the checkpoint was written with.
+A restart reads the latest checkpoint that restores, never anything else: the config may
+change only in :data:`RESUMABLE_FIELDS`, and the data, the process count and the global
+batch must be the ones the checkpoint was written with.  A damaged checkpoint (truncated or
+missing files) is skipped, said so, and moved to ``WORKDIR/checkpoints-damaged/``.
+
+One run at a time: :func:`hold_workdir` keeps an exclusive ``flock`` on ``WORKDIR/run.lock``
+for the life of a run (process 0 of a multi-process job takes it; the kernel releases it
+when the process ends, kill -9 included).  Readers (``eval``, ``export``) do not take it.
 
 Checkpoints hold global arrays over all devices of the job (train state replicated, LSTM
 state as the global ``[.., B_global, ..]`` rows) written together by all processes, and
@@ -19,8 +24,13 @@ every process's data position (``meta["data_by_process"]``).
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import socket
+import time
+from collections.abc import Iterator
 from typing import Any, Callable
 
 import jax
@@ -30,8 +40,9 @@ from elmo_jax.atomic import write_json
 from elmo_jax.config import ElmoConfig
 from elmo_jax.errors import ElmoError
 from elmo_jax.train import distributed
-from elmo_jax.train.checkpoints import Checkpoints
+from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError
 from elmo_jax.train.config_loader import TrainConfig
+from elmo_jax.train.losses import divergence_limit
 from elmo_jax.train.parallel import local_replica, local_rows, rows_sharding, to_global_replicated, to_global_rows
 
 # Fields that may change when a run is resumed; every other field must match.  The two
@@ -48,8 +59,17 @@ class TrainingError(ElmoError):
     """A run that cannot start or continue; the message says why and what to do."""
 
 
+LOCK_FILE = "run.lock"
+
+
+class WorkdirBusyError(TrainingError):
+    """Another run holds the workdir."""
+
+
 def check_writable(workdir: str) -> None:
     """Create ``workdir`` if needed; refuse one this process cannot write to."""
+    if os.path.exists(workdir) and not os.path.isdir(workdir):
+        raise TrainingError(f"workdir {workdir} is a file, not a folder; choose another --workdir")
     try:
         os.makedirs(workdir, exist_ok=True)
         probe = os.path.join(workdir, f".write-test-{os.getpid()}")
@@ -58,6 +78,74 @@ def check_writable(workdir: str) -> None:
         os.remove(probe)
     except OSError as e:
         raise TrainingError(f"workdir {workdir} is not writable: {e}; choose another --workdir") from None
+
+
+@contextlib.contextmanager
+def hold_workdir(workdir: str, is_main: bool) -> Iterator[None]:
+    """The run lock of ``workdir`` for the block (see the module docstring).  Every process
+    of a job calls this; process 0 takes the lock and tells the others whether it got it."""
+    with contextlib.ExitStack() as held:
+        error = None
+        if is_main:
+            try:
+                held.enter_context(_run_lock(os.path.join(workdir, LOCK_FILE), workdir))
+            except WorkdirBusyError as e:
+                error = str(e)
+        error = distributed.allgather_json("workdir-lock", error)[0]
+        if error:
+            raise WorkdirBusyError(error)
+        yield
+
+
+@contextlib.contextmanager
+def _run_lock(path: str, workdir: str) -> Iterator[None]:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise WorkdirBusyError(
+                f"workdir {workdir} is in use by another training run: {_lock_holder(path)}. Wait for it to "
+                f"finish or stop it (SIGTERM saves a checkpoint), or choose another --workdir; "
+                f"`elmo-jax eval` and `elmo-jax export` can read the workdir meanwhile"
+            ) from None
+        who = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(who) + "\n").encode("utf-8"), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _lock_holder(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            who = json.load(f)
+        started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(who["started"])))
+        return f"pid {who['pid']} on host {who['host']}, started {started}"
+    except (OSError, ValueError, KeyError, TypeError):
+        return "a process that has not yet written its pid"
+
+
+@contextlib.contextmanager
+def tidy_failed_start(workdir: str, is_main: bool) -> Iterator[None]:
+    """If the block fails, remove the empty folders it made in ``workdir`` (``checkpoints/``,
+    ``tfds/`` skeletons), and ``workdir`` itself when it made it and left nothing in it.
+    Folders that were there before, and every file, stay."""
+    existed = os.path.isdir(workdir)
+    before = {root for root, _, _ in os.walk(workdir)} if existed else set()
+    try:
+        yield
+    except BaseException:
+        if is_main:
+            for root, _, _ in sorted(os.walk(workdir, topdown=False), key=lambda w: -len(w[0])):
+                if root not in before and root != workdir and not os.listdir(root):
+                    os.rmdir(root)
+            if not existed and os.path.isdir(workdir) and set(os.listdir(workdir)) <= {LOCK_FILE}:
+                for name in os.listdir(workdir):
+                    os.remove(os.path.join(workdir, name))
+                os.rmdir(workdir)
+        raise
 
 
 def check_resumable(workdir: str, cfg: TrainConfig, latest: int | None) -> None:
@@ -91,6 +179,38 @@ def write_run_files(workdir: str, cfg: TrainConfig, model_config: ElmoConfig, ne
         path = os.path.join(workdir, name)
         if new_run or not os.path.exists(path):
             write_json(path, value)
+
+
+def restore_newest(ckpts: Checkpoints, train_state: Any, lstm_state: Any, *, global_batch: int, n_devices: int,
+                   mesh: jax.sharding.Mesh, log: Callable[[str], None]) -> tuple[int, Any, Any, dict] | None:
+    """``(step, train_state, lstm_state, meta)`` of the newest checkpoint that restores, or
+    None when there is none.  A damaged one is skipped with a log line saying why, and moved
+    aside (process 0) so that the next start does not try it again; if every checkpoint is
+    damaged the run stops rather than silently starting over."""
+    skipped = []
+    for step in sorted(ckpts.all_steps(), reverse=True):
+        damage = None
+        try:
+            restored = restore(ckpts, step, train_state, lstm_state, global_batch=global_batch,
+                               n_devices=n_devices, mesh=mesh, log=log)
+        except DamagedCheckpointError as e:
+            damage = e.reason
+        if not distributed.any_process(damage is not None):  # every process restored this one
+            return (step, *restored)
+        damage = damage or "another process of the job could not read it"
+        where = ckpts.move_aside(step) if jax.process_index() == 0 else "checkpoints-damaged/"
+        distributed.allgather_json(f"damaged/{step}", True)  # moved before anyone lists again
+        ckpts.reload()
+        log(f"skipping checkpoint {ckpts.path(step)}: it is damaged ({damage}); moved it to {where}, "
+            f"falling back to the one before")
+        skipped.append(step)
+    if skipped:
+        raise TrainingError(
+            f"no checkpoint of {ckpts.workdir} restores: all {len(skipped)} were damaged and were moved to "
+            f"{os.path.join(ckpts.workdir, 'checkpoints-damaged')}. Restore them from a backup, or run the "
+            f"same command again to start this run over from step 0"
+        )
+    return None
 
 
 def restore(ckpts: Checkpoints, step: int, train_state: Any, lstm_state: Any, *, global_batch: int,
@@ -190,14 +310,20 @@ def checkpoints_after_divergence(saved_steps: list[int], bad_step: int, path: Ca
     return text
 
 
-def check_finite(records: list[tuple[int, dict]], ckpts: Checkpoints) -> None:
-    """Stop on a non-finite loss among ``records`` (``(step, metrics)`` on the host), before
-    anything else is saved, saying which checkpoints still hold good parameters."""
+def check_finite(records: list[tuple[int, dict]], ckpts: Checkpoints, vocab_size: int) -> None:
+    """Stop on a diverged loss among ``records`` (``(step, metrics)`` on the host), before
+    anything else is saved, saying which checkpoints still hold good parameters.  Diverged:
+    not finite, or finite but far above what a fresh model scores
+    (:func:`elmo_jax.train.losses.divergence_limit`)."""
+    limit = divergence_limit(vocab_size)
     for step, m in records:
-        if not np.isfinite(m["loss"]):
+        loss = m["loss"]
+        if not np.isfinite(loss) or loss > limit:
             ckpts.wait()  # an asynchronous save in flight is listed too
+            above = "" if not np.isfinite(loss) else (
+                f" (far above {limit:.1f} = 3 log V + 10, a loss no training reaches: the parameters blew up)")
             raise TrainingError(
-                f"the loss became {m['loss']} at step {step}; stopping without saving "
+                f"the loss became {loss} at step {step}{above}; stopping without saving "
                 f"({checkpoints_after_divergence(ckpts.all_steps(), step, ckpts.path)}). "
                 f"Lower the learning rate or clip_norm, or check the data."
             )
