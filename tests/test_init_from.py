@@ -3,13 +3,15 @@ of a run here, a contradicting config refused, a restart that reads its checkpoi
 
 import json
 import shutil
+import sys
+import types
 
 import h5py
 import jax
 import numpy as np
 import pytest
 
-from elmo_jax import ElmoConfig, batch_to_ids
+from elmo_jax import batch_to_ids
 from elmo_jax.data.text_source import make_source
 from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.model.bilm import bilm
@@ -167,3 +169,32 @@ def test_a_restart_reads_the_checkpoint_not_init_from(exported, tmp_path):
     assert sorted(resumed) == [1, 2, 3, 4]
     for step in (3, 4):
         assert resumed[step]["loss"] == pytest.approx(straight[step]["loss"], abs=1e-6)
+
+
+def test_names_and_urls_go_to_the_hub_and_folders_do_not(bilm_fixtures, monkeypatch):
+    asked = []
+
+    def resolve_model(spec, *, offline=None, progress=True):
+        asked.append(spec)
+        return bilm_fixtures / "model"
+
+    monkeypatch.setitem(sys.modules, "elmo_jax.hub", types.SimpleNamespace(resolve_model=resolve_model))
+    for spec in ("fixture-model", "https://example.org/models/fixture.tar.gz"):
+        assert load_pretrained(spec, progress=False).source == str(bilm_fixtures / "model")
+    assert load_pretrained(str(bilm_fixtures / "model")).softmax is None
+    assert asked == ["fixture-model", "https://example.org/models/fixture.tar.gz"]
+    monkeypatch.setitem(sys.modules, "elmo_jax.hub", None)  # an installation without the hub
+    with pytest.raises(TrainingError, match="cannot resolve model names or URLs"):
+        load_pretrained("original")
+    with pytest.raises(TrainingError, match="is a file"):
+        load_pretrained(str(bilm_fixtures / "model" / "options.json"))
+
+
+def test_a_softmax_without_its_vocabulary_is_refused(exported, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(exported, folder)
+    (folder / "vocab.txt").unlink()
+    with pytest.raises(TrainingError, match="has softmax.hdf5 but no vocab.txt"):
+        load_pretrained(str(folder))
+    (folder / "softmax.hdf5").unlink()  # the biLM alone: every softmax row fresh
+    assert load_pretrained(str(folder)).softmax is None
