@@ -304,3 +304,27 @@ def test_corpus_command(tmp_path, capsys):
     assert args.func(args) == 2
     assert "seed" in capsys.readouterr().err
     assert not (tmp_path / "d").exists()
+
+
+def test_domain_b_shifts_vocabulary_and_senses_and_leaves_domain_a_alone(lang, tmp_path):
+    b = S.make_language(0, domain="b")
+    shared = set(lang.vocab) & set(b.vocab)
+    assert 0.6 * len(lang.vocab) < len(shared) < 0.9 * len(lang.vocab)  # a quarter of the stems are new
+    assert set(lang.polysemous) == set(b.polysemous)
+    rng = np.random.default_rng(0)
+
+    def money_share(language):
+        _, labels = S.sample_corpus(language, 4000, rng)
+        senses = Counter(s for lab in labels for s in lab["senses"] if s.startswith("bank#"))
+        return senses["bank#money"] / sum(senses.values())
+
+    assert money_share(lang) > 0.45 and money_share(b) < 0.3  # 0.55 in domain a, 0.2 in b
+    # The most frequent nouns differ: the Zipf ranks are reshuffled.
+    top = {name: Counter(w for s in S.sample_corpus(lg, 2000, np.random.default_rng(1))[0] for w in s
+                         if lg.lemmas.get(w) and not w.endswith("s")).most_common(10)
+           for name, lg in (("a", lang), ("b", b))}
+    assert len({w for w, _ in top["a"]} & {w for w, _ in top["b"]}) < 5
+    stats = S.write_corpus(tmp_path / "b", domain="b", **SMALL)
+    assert stats["domain"] == "b" and "domain" not in S.write_corpus(tmp_path / "a", **SMALL)
+    with pytest.raises(ValueError, match="domain must be one of 'a', 'b'"):
+        S.make_language(0, domain="c")

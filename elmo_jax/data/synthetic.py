@@ -42,6 +42,20 @@ forward *and* for a backward language model, so it is the floor for ELMo's repor
 ``exp(0.5 * (loss_fwd + loss_bwd))``.  :func:`ngram_baselines` gives unigram and bigram
 perplexities for contrast.
 
+Domains
+-------
+``domain="b"`` (``elmo-jax corpus --domain b``) makes a second domain of the same language
+for continued-pretraining experiments: the grammar and the function words are the same, but
+
+* the vocabulary shifts: a quarter of the noun, verb and adjective stems are replaced by new
+  ones, and the Zipf ranks of all stems are shuffled (words common in one domain are rare in
+  the other);
+* the word senses shift: in every polysemous frame the first listed sense (``bank#money``,
+  ``bass#music`` ...) falls to 20% and the others share 80%.
+
+The default ``domain="a"`` is the language above, unchanged.  Domain B draws its changes
+from a random stream of its own, so the stems the two domains share are the same words.
+
 Corpus files
 ------------
 :func:`write_corpus` writes ``train.txt``, ``heldout.txt`` (one sentence a line, tokens
@@ -81,6 +95,7 @@ from elmo_jax.data.vocab import BOS, EOS, UNK
 
 __all__ = [
     "DEFAULT_N_HELDOUT",
+    "DOMAINS",
     "DEFAULT_N_TRAIN",
     "DEFAULT_SEED",
     "FRAMES",
@@ -99,6 +114,11 @@ __all__ = [
 DEFAULT_SEED = 0
 DEFAULT_N_TRAIN = 40_000
 DEFAULT_N_HELDOUT = 2_000
+DOMAINS = ("a", "b")
+# Domain b: the share of the stems replaced by new ones, and the weight left to the first
+# sense of every polysemous word.
+DOMAIN_B_NEW_STEMS = 0.25
+DOMAIN_B_FIRST_SENSE = 0.2
 NO_SENSE = "-"
 END = EOS
 
@@ -592,7 +612,7 @@ def _add_frame(b: _Builder, fr: dict[str, Any]) -> None:
 def make_language(seed: int = DEFAULT_SEED, *, n_nouns: int = 1000, n_verbs: int = 500,
                   n_adjs: int = 250, n_names: int = 30, zipf_exponent: float = 1.05,
                   derived_share: float = 0.08, derived_exponent: float = 1.0,
-                  max_len: int | None = 40) -> SyntheticLanguage:
+                  max_len: int | None = 40, domain: str = "a") -> SyntheticLanguage:
     """Builds the seeded default language (the same seed gives the same language).
 
     The seed draws the made-up English stems (and which verbs double as nouns); the grammar
@@ -601,8 +621,10 @@ def make_language(seed: int = DEFAULT_SEED, *, n_nouns: int = 1000, n_verbs: int
     ``zipf_exponent``; ``derived_share`` of the adjective / past-tense mass goes to the
     derived ``un-``/``re-`` forms (Zipf ``derived_exponent``).  Sentences longer than
     ``max_len`` are rejected (``None``: no limit); the scorer renormalises exactly.
+    ``domain="b"``: the shifted second domain (see "Domains" in the module docstring).
     """
     seed = _check_seed(seed)
+    _check_domain(domain)
     for name, val in (("n_nouns", n_nouns), ("n_verbs", n_verbs), ("n_adjs", n_adjs),
                       ("n_names", n_names)):
         _check_positive(name, val)
@@ -628,6 +650,14 @@ def make_language(seed: int = DEFAULT_SEED, *, n_nouns: int = 1000, n_verbs: int
         nouns.insert(int(rng.integers(len(nouns) + 1)), stem)
     adjs = _make_stems(rng, n_adjs, taken, lambda s: [s, _adverb(s), "un" + s])
     names = [w.capitalize() for w in _make_stems(rng, n_names, taken, lambda s: [s.capitalize()])]
+    frames = FRAMES
+    if domain == "b":
+        rng_b = np.random.default_rng(np.random.SeedSequence([seed, 2]))
+        verbs = _shift_stems(rng_b, verbs, taken, lambda s: list(_verb_forms(s).values())
+                             + ["re" + _verb_forms(s)["past"], "re" + _verb_forms(s)["ing"]])
+        nouns = _shift_stems(rng_b, nouns, taken, lambda s: [s, _plural(s)])
+        adjs = _shift_stems(rng_b, adjs, taken, lambda s: [s, _adverb(s), "un" + s])
+        frames = tuple(_shift_senses(fr) for fr in FRAMES)
 
     zn = zipf_weights(len(nouns), zipf_exponent)
     zv = zipf_weights(len(verbs), zipf_exponent)
@@ -755,13 +785,40 @@ def make_language(seed: int = DEFAULT_SEED, *, n_nouns: int = 1000, n_verbs: int
     L("Z_CONJ", [("CLAUSE_Z", 0.9), ("CLAUSE_E", 0.1)])
     L("Z_PERIOD", [(END, 1)])
 
-    for fr in FRAMES:
+    for fr in frames:
         _add_frame(b, fr)
     lemmas = {f: v for v in verbs for f in [*_verb_forms(v).values(), "re" + _verb_forms(v)["past"],
                                              "re" + _verb_forms(v)["ing"]]}
     lemmas.update({f: n for n in nouns for f in (n, _plural(n))})
     lemmas.update({f: a for a in adjs for f in (a, _adverb(a), "un" + a)})
     return b.compile("SENTENCE", seed, max_len, lemmas)
+
+
+def _shift_stems(rng: np.random.Generator, stems: list[str], taken: set[str], forms_of) -> list[str]:
+    """Domain b's stems: :data:`DOMAIN_B_NEW_STEMS` of ``stems`` replaced by new ones, then
+    all of them in a new (random) Zipf order."""
+    stems = list(stems)
+    n_new = round(len(stems) * DOMAIN_B_NEW_STEMS)
+    for position, stem in zip(rng.choice(len(stems), n_new, replace=False).tolist(),
+                              _make_stems(rng, n_new, taken, forms_of)):
+        stems[position] = stem
+    return [stems[i] for i in rng.permutation(len(stems)).tolist()]
+
+
+def _shift_senses(frame: dict[str, Any]) -> dict[str, Any]:
+    """Domain b's frame: the first sense weighs :data:`DOMAIN_B_FIRST_SENSE`, the others
+    share the rest equally."""
+    names = list(frame["senses"])
+    rest = (1.0 - DOMAIN_B_FIRST_SENSE) / (len(names) - 1)
+    senses = {name: ((DOMAIN_B_FIRST_SENSE if k == 0 else rest), *frame["senses"][name][1:])
+              for k, name in enumerate(names)}
+    return {**frame, "senses": senses}
+
+
+def _check_domain(domain: Any) -> str:
+    if domain not in DOMAINS:
+        raise ValueError(f"domain must be one of {', '.join(map(repr, DOMAINS))}, got {domain!r}")
+    return domain
 
 
 def random_language(seed: int, n_states: int = 3, n_words: int = 4, end_prob: float = 0.3,
@@ -939,13 +996,15 @@ def _write_lines(path: Path, lines: Iterable[str]) -> None:
 
 def write_corpus(out_dir: str | os.PathLike, seed: int = DEFAULT_SEED,
                  n_train: int = DEFAULT_N_TRAIN, n_heldout: int = DEFAULT_N_HELDOUT,
-                 overwrite: bool = False) -> dict[str, Any]:
+                 overwrite: bool = False, domain: str = "a") -> dict[str, Any]:
     """Generates the corpus into ``out_dir`` and returns the summary written to ``stats.json``.
 
     Files: ``train.txt``, ``heldout.txt``, ``train.labels.jsonl``, ``heldout.labels.jsonl``,
     ``stats.json``.  Everything is built in a temporary sibling directory that is renamed to
     ``out_dir`` at the end, so a failure leaves nothing behind.  An existing non-empty
     ``out_dir`` is refused unless ``overwrite``.  The same arguments give byte-identical files.
+    ``domain="b"``: the shifted second domain (module docstring, "Domains"); its
+    ``stats.json`` says ``"domain": "b"``.
 
     Raises:
       TypeError / ValueError: a bad ``seed`` / ``n_train`` / ``n_heldout`` (the message names it).
@@ -955,6 +1014,7 @@ def write_corpus(out_dir: str | os.PathLike, seed: int = DEFAULT_SEED,
     seed = _check_seed(seed)
     n_train = _check_positive("n_train", n_train)
     n_heldout = _check_positive("n_heldout", n_heldout)
+    _check_domain(domain)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise NotADirectoryError(f"out_dir {str(out)!r} exists and is not a directory")
@@ -966,7 +1026,7 @@ def write_corpus(out_dir: str | os.PathLike, seed: int = DEFAULT_SEED,
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
     try:
         os.chmod(tmp, new_mode(folder=True))  # a folder's usual mode, not mkdtemp's 0o700
-        stats = _build_corpus(tmp, seed, n_train, n_heldout)
+        stats = _build_corpus(tmp, seed, n_train, n_heldout, domain)
         if out.exists():
             trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
             os.rmdir(trash)
@@ -985,8 +1045,8 @@ def write_corpus(out_dir: str | os.PathLike, seed: int = DEFAULT_SEED,
     return stats
 
 
-def _build_corpus(d: Path, seed: int, n_train: int, n_heldout: int) -> dict[str, Any]:
-    language = make_language(seed)
+def _build_corpus(d: Path, seed: int, n_train: int, n_heldout: int, domain: str = "a") -> dict[str, Any]:
+    language = make_language(seed, domain=domain)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
     train, train_labels = sample_corpus(language, n_train, rng)
     heldout, heldout_labels = sample_corpus(language, n_heldout, rng)
@@ -1030,6 +1090,8 @@ def _build_corpus(d: Path, seed: int, n_train: int, n_heldout: int) -> dict[str,
             for w, info in language.polysemous.items()],
         "classes": sorted(set(language.state_classes)),
     }
+    if domain != "a":  # domain a's file stays as it always was
+        stats["domain"] = domain
     with open(d / "stats.json", "w", encoding="utf-8", newline="\n") as f:
         json.dump(stats, f, ensure_ascii=False, indent=2, sort_keys=True)
         f.write("\n")
@@ -1083,7 +1145,7 @@ def _run_corpus_command(args: argparse.Namespace) -> int:
 
     try:
         stats = write_corpus(args.out_dir, seed=args.seed, n_train=args.n_train,
-                             n_heldout=args.n_heldout, overwrite=args.overwrite)
+                             n_heldout=args.n_heldout, overwrite=args.overwrite, domain=args.domain)
     except (TypeError, ValueError, FileExistsError, NotADirectoryError) as e:
         print(f"elmo-jax corpus: error: {e}", file=sys.stderr)
         return 2
@@ -1107,6 +1169,9 @@ def add_corpus_command(subparsers) -> argparse.ArgumentParser:
                    help=f"training sentences (default {DEFAULT_N_TRAIN})")
     p.add_argument("--n-heldout", type=int, default=DEFAULT_N_HELDOUT,
                    help=f"held-out sentences (default {DEFAULT_N_HELDOUT})")
+    p.add_argument("--domain", choices=DOMAINS, default="a",
+                   help="a: the default language; b: a second domain with shifted vocabulary and "
+                        "word senses, for continued pretraining (default a)")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
     p.set_defaults(func=_run_corpus_command)
     return p

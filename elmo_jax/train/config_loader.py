@@ -60,6 +60,10 @@ class TrainConfig:
       model: preset name of the architecture (``tiny``, ``small``, ``medium``, ``original``).
       model_overrides: ``ElmoConfig.replace`` arguments applied to the preset, e.g.
         ``{"dim": 64, "n_layers": 1}``.
+      init_from: start a new run from existing weights (continued pretraining): a released
+        model's name or URL, a model folder (``elmo-jax export``'s, or a released one), or
+        another run's workdir (None: from scratch).  The architecture is then the model's
+        (recorded as ``model_overrides``); see :mod:`elmo_jax.train.init_from`.
     Data
       data: corpus source spec; ``"synthetic"`` is the corpus embedded in the package, ``"lm1b"``
         the 1B Word Benchmark (interpreted by the data module).
@@ -105,6 +109,7 @@ class TrainConfig:
 
     model: str = "tiny"
     model_overrides: dict = dataclasses.field(default_factory=dict)
+    init_from: str | None = None
     data: str = "synthetic"
     data_dir: str | None = None
     heldout: str | None = None
@@ -210,7 +215,9 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"parallel {cfg.parallel!r} is not supported; use one of {', '.join(PARALLEL_MODES)}")
     if not cfg.data:
         raise ConfigError("data must name a corpus source, e.g. 'synthetic' or 'lm1b'")
-    for name in ("data", "heldout"):
+    if cfg.init_from is not None and not cfg.init_from:
+        raise ConfigError("init_from is empty: give a model name, URL or folder, or none to train from scratch")
+    for name in ("data", "heldout", "init_from"):
         value = getattr(cfg, name)
         if value is not None and value != value.strip():
             raise ConfigError(f"{name} {value!r} has surrounding spaces; write {value.strip()!r}")

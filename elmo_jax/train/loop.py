@@ -48,6 +48,7 @@ from elmo_jax.train import distributed
 from elmo_jax.train.checkpoints import Checkpoints
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.evaluation import evaluate
+from elmo_jax.train.init_from import initial_train_state, start_config
 from elmo_jax.train.losses import make_loss_fn
 from elmo_jax.train.metrics import MetricsWriter, TrainWindow, eval_message, progress_postfix
 from elmo_jax.train.parallel import global_mesh, make_eval_fn, make_runner
@@ -82,7 +83,6 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     # -- build: folder, config, data, step function ----------------------------------------
     if log is None:
         log = (lambda msg: print(msg, flush=True)) if is_main else (lambda msg: None)
-    model_config = cfg.elmo_config()
     n_devices = jax.device_count()
     global_batch = cfg.global_batch_size(n_devices)
     if global_batch % n_devices:
@@ -92,6 +92,8 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     local_batch = global_batch // jax.process_count()
     ckpts = Checkpoints(workdir, keep=cfg.keep_checkpoints)
     latest = ckpts.latest_step()  # a restart reads this checkpoint and nothing else
+    cfg, pretrained = start_config(cfg, workdir, resuming=latest is not None, progress=progress and is_main, log=log)
+    model_config = cfg.elmo_config()
     check_resumable(workdir, cfg, latest)
     data = prepare_data(cfg, workdir, log, may_rebuild=latest is None, open_source=make_source)
     vocab = data.vocab
@@ -118,14 +120,18 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     train_state = jax.tree.map(np.asarray, init_train_state(jax.random.key(cfg.seed), model_config, len(vocab), optimizer))
     lstm_state = jax.tree.map(np.asarray, zero_state(model_config, local_batch))
     start_step = 0
+    pretrained_start = latest is None and pretrained is not None
     if latest is not None:
         latest, train_state, lstm_state, meta = restore_newest(
             ckpts, train_state, lstm_state, global_batch=global_batch, n_devices=n_devices, mesh=mesh, log=log)
         resume_data_position(batcher, meta, ckpts.path(latest), data_content)
         start_step = int(meta["step"])
         log(f"resuming from {ckpts.path(latest)} (step {start_step})")
+    elif pretrained is not None:  # a new run from existing weights
+        train_state = jax.tree.map(np.asarray, initial_train_state(train_state, pretrained, vocab, optimizer, log))
+        del pretrained
     log(
-        f"training {cfg.model} ({model_config.lstm.dim}/{model_config.projection_dim} x{model_config.lstm.n_layers}) "
+        f"training {cfg.model if cfg.init_from is None else 'from ' + cfg.init_from} ({model_config.lstm.dim}/{model_config.projection_dim} x{model_config.lstm.n_layers}) "
         f"on {n_devices} device(s) in {jax.process_count()} process(es) [{runner.name}], global batch {global_batch} x {cfg.unroll_steps} tokens, "
         f"vocabulary {len(vocab)}, {steps_per_epoch} steps/epoch, {total_steps} steps"
     )
@@ -154,6 +160,8 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     step = start_step
     try:
         with stop.installed():
+            if pretrained_start and eval_fn is not None:  # where the new domain starts from
+                run_eval(0, runner, d_train, writer, stop, log, **eval_args)
             while step < total_steps:
                 batch = next(batcher)
                 d_train, d_lstm, metrics = train_step(runner, d_train, d_lstm, batch, base_key, step)
