@@ -40,6 +40,7 @@ import numpy as np
 
 from elmo_jax.config import CharCNNConfig, ElmoConfig, LSTMConfig
 from elmo_jax.data.vocab import Vocabulary
+from elmo_jax.hub import resolve_model
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.workdir import TrainingError
 
@@ -146,11 +147,6 @@ def resolve_folder(spec: str, *, progress: bool = True) -> str:
                             f"weight file), a run's workdir, a released model's name or a URL")
     if "://" not in spec and (os.sep in spec or spec.startswith((".", "~"))):
         raise TrainingError(f"init_from folder {spec!r} not found")
-    try:
-        from elmo_jax.hub import resolve_model
-    except ImportError:
-        raise TrainingError(f"init_from {spec!r} is not a folder, and this installation cannot resolve model "
-                            f"names or URLs (no elmo_jax.hub); download the model and give its folder") from None
     return os.path.abspath(os.fspath(resolve_model(spec, progress=progress)))
 
 
