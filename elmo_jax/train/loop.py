@@ -70,7 +70,7 @@ from elmo_jax.train.step import init_train_state, make_optimizer
 # checkpoint's instead (_check_topology).
 RESUMABLE_FIELDS = {
     "epochs", "max_steps", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_max_batches", "log_every",
-    "parallel", "data_dir", "remat_steps", "batch_size", "batch_size_per_device",
+    "parallel", "data_dir", "remat_steps", "batch_size", "batch_size_per_device", "data_workers",
 }
 
 
@@ -548,6 +548,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
     batcher = LMBatcher(
         data.train, vocab, local_batch, cfg.unroll_steps, model_config.char_cnn.max_characters_per_token,
         seed=cfg.seed, process_index=jax.process_index(), process_count=jax.process_count(),
+        workers=cfg.data_workers,
     )
     steps_per_epoch = batcher.steps_per_epoch
     total_steps = steps_per_epoch * cfg.epochs
@@ -736,6 +737,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
                     summary.update(step=step, interrupted=stop.signal, checkpoint=ckpts.path(step))
                     return summary
     finally:
+        getattr(batcher, "close", lambda: None)()  # stops the data workers
         bar.close()
         writer.close()
         ckpts.close()
