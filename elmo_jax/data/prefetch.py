@@ -51,18 +51,35 @@ class DataWorkerError(ElmoError):
 _WORKER_ENCODER = None
 
 
-def _exit_when_orphaned(parent_pid: int) -> None:
+def _process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):  # no /proc (not Linux): os.kill's answer
+        return True
+
+
+def _exit_with(owner_pid: int) -> None:
     while True:
         time.sleep(_PARENT_POLL_S)
-        if os.getppid() != parent_pid:
+        if not _process_alive(owner_pid):
             os._exit(1)
 
 
-def _worker_init(encoder, parent_pid: int) -> None:
+def _worker_init(encoder, owner_pid: int) -> None:
     global _WORKER_ENCODER
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    threading.Thread(target=_exit_when_orphaned, args=(parent_pid,), daemon=True).start()
+    # Watch the process that owns the pool, not the parent: workers are children of the
+    # fork server, which stays alive as long as they do.
+    threading.Thread(target=_exit_with, args=(owner_pid,), daemon=True).start()
     _WORKER_ENCODER = encoder
 
 
@@ -77,8 +94,18 @@ def _describe(error: BaseException) -> str:
 
 
 # -- main process side --------------------------------------------------------------------
+def _context():
+    """Workers are forked from multiprocessing's fork server, a clean process started once
+    (never a fork of the training process, whose JAX threads make ``fork`` unsafe) that has
+    imported the data modules but not the caller's ``__main__``: starting a worker then
+    takes milliseconds instead of a fresh interpreter's imports."""
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["elmo_jax.data.batches", "elmo_jax.data.prefetch", "elmo_jax.data.text_source"])
+    return ctx
+
+
 class WorkerChunks:
-    """Chunk provider: encodes chunks in ``workers`` processes (``spawn``ed on first use).
+    """Chunk provider: encodes chunks in ``workers`` processes (started on first use).
 
     ``get(key, positions, reverse)`` returns the chunk (waiting for it);
     ``prefetch(...)`` requests one ahead.  ``lookahead`` is how many chunks a stream asks
@@ -96,10 +123,8 @@ class WorkerChunks:
     def _submit(self, positions, reverse: bool) -> Future:
         with self._lock:
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(
-                    self.workers, mp_context=multiprocessing.get_context("spawn"),
-                    initializer=_worker_init, initargs=(self._encoder, os.getpid()),
-                )
+                self._pool = ProcessPoolExecutor(self.workers, mp_context=_context(),
+                                                 initializer=_worker_init, initargs=(self._encoder, os.getpid()))
             try:
                 return self._pool.submit(_worker_encode, np.asarray(positions, dtype=np.int64), bool(reverse))
             except (BrokenProcessPool, RuntimeError) as e:
