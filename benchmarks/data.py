@@ -138,7 +138,7 @@ def main(argv=None) -> int:
     p.add_argument("--sentences", type=int, default=100_000)
     p.add_argument("--types", type=int, default=168_000)
     p.add_argument("--workers", default="0,1,2", help="worker counts to measure")
-    p.add_argument("--batch-sizes", default="128,1024")
+    p.add_argument("--batch-sizes", default="128,1024", help="'' skips the batches/s rows")
     p.add_argument("--unroll", type=int, default=20)
     p.add_argument("--seconds", type=float, default=3.0, help="per batches/s measurement")
     p.add_argument("--repeats", type=int, default=3)
@@ -184,7 +184,7 @@ def main(argv=None) -> int:
     baseline = load_baseline(args.baseline) if args.baseline else None
     rows = []
     kinds = ([("baseline", None)] if baseline else []) + [("new", w) for w in map(int, args.workers.split(","))]
-    for B in map(int, args.batch_sizes.split(",")):
+    for B in [int(x) for x in args.batch_sizes.split(",") if x]:
         for kind, workers in kinds:
             def make(B=B, kind=kind, workers=workers):
                 if kind == "baseline":

@@ -204,3 +204,32 @@ def test_kill_9_with_workers_then_sigterm_resume_exactly_and_leave_no_process(tm
     resumed = _losses(workdir)
     for step in range(1, steps + 1):
         assert resumed[step] == pytest.approx(reference[step], abs=1e-6), (step, kill_at)
+
+
+def test_parallel_counts_give_the_same_vocabulary_in_the_same_order():
+    from elmo_jax.data.counting import count_tokens
+
+    rng = np.random.default_rng(3)
+    words = [f"w{i}" for i in range(3000)]
+    sents = [[words[j] for j in rng.zipf(1.3, rng.integers(1, 12)) % 3000] for _ in range(9000)]
+    source = InMemorySource(sents)
+    serial, parallel = count_tokens(source), count_tokens(source, workers=3)
+    assert list(serial.items()) == list(parallel.items())  # counts and first-occurrence order
+    assert Vocabulary.build(parallel, max_size=500) == Vocabulary.build(sents, max_size=500)
+    assert not multiprocessing.active_children()
+
+
+def test_sentences_are_read_from_the_raw_records_and_other_layouts_fall_back():
+    from elmo_jax.data.text_source import example_text
+
+    text = "ein Satz mit ünïcode".encode()
+    bytes_list = b"\x0a" + bytes([len(text)]) + text
+    feature = b"\x0a" + bytes([len(bytes_list)]) + bytes_list
+    entry = b"\x0a\x04text\x12" + bytes([len(feature)]) + feature
+    features = b"\x0a" + bytes([len(entry)]) + entry
+    example = b"\x0a" + bytes([len(features)]) + features
+    assert example_text(example) == text
+    other_key = example.replace(b"text", b"txet")
+    assert example_text(other_key) is None
+    assert example_text(example[:-3]) is None  # truncated
+    assert example_text(b"\x08\x01") is None  # a varint field: not this layout

@@ -47,11 +47,15 @@ Evaluation (held-out perplexity): ``LMBatcher(source, vocab, B, T, shuffle=False
 num_epochs=1)``: sentences in corpus order dealt to the rows as they need them, one pass,
 ``StopIteration`` at the end; average the loss over masked positions.
 
-Throughput (one CPU core, B=128, T=20, both directions, a generated 200k-sentence corpus
-with a 100k-type Zipf vocabulary): about 100 batches/s from ArrayRecord (local text
-source), 155 batches/s from memory.  The training loop builds the next batch while the
-device runs the current step (JAX dispatches the step asynchronously), so this overlaps
-with the device's work without a thread.
+How a window is built: the shuffled order is read in chunks of ``read_chunk`` positions,
+each chunk encoded once (one token-table lookup for all its words; markers and reversal by
+index arithmetic).  Which row takes which sentence depends only on sentence lengths; the
+window's char ids and targets are then gathered from the chunks in bulk.  The batches are
+byte-identical to those of the earlier per-row implementation (tests/test_data_pipeline.py
+holds digests of its output).  With ``workers=N`` the chunks are encoded in ``N`` worker
+processes and the batches assembled in a background thread, ahead of the consumer
+(:mod:`elmo_jax.data.prefetch`); the batches and states do not depend on ``N``.
+Throughput: ``benchmarks/data.py`` (numbers in benchmarks/README.md).
 
 Checkpointing: :meth:`LMBatcher.get_state` returns a small JSON-serializable dict (epoch,
 per-direction read position and per-row queues of sentence positions plus offsets; no
