@@ -65,6 +65,7 @@ continues with exactly the batches that would have followed.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -98,11 +99,8 @@ class _TokenTable:
         self.vocab_ids = np.zeros(1024, dtype=np.int32)
         self.char_ids = np.zeros((1024, self.max_chars), dtype=np.int16)
 
-    def _add(self, tokens: Sequence[str]) -> None:
-        new = list(dict.fromkeys(t for t in tokens if t not in self.index))
-        if len(self.index) + len(new) > self.max_entries:
-            self._reset()
-            new = list(dict.fromkeys(tokens))
+    def _add(self, new: list[str]) -> None:
+        """Give rows to the distinct tokens ``new`` (none of them in the table)."""
         n0 = len(self.index)
         n1 = n0 + len(new)
         if n1 > len(self.vocab_ids):
@@ -117,13 +115,24 @@ class _TokenTable:
         self.char_ids[n0:n1] = chars_lib.tokens_to_ids(new, self.max_chars)
 
     def lookup(self, tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(vocab ids [n] int32, char ids [n, C] int16) of ``tokens``."""
-        get = self.index.get
-        rows = [get(t, -1) for t in tokens]
-        if -1 in rows:
-            self._add(tokens)
-            rows = [self.index[t] for t in tokens]
-        rows = np.asarray(rows, dtype=np.int64)
+        """(vocab ids [n] int32, char ids [n, C] int16) of ``tokens``.
+
+        One dict lookup per token; the tokens not yet in the table (a few per chunk once the
+        frequent words are in) are added and looked up again on their own.
+        """
+        rows = np.fromiter(map(self.index.get, tokens, itertools.repeat(-1)), dtype=np.int64, count=len(tokens))
+        missing = np.flatnonzero(rows < 0)
+        if len(missing):
+            missing_tokens = [tokens[i] for i in missing.tolist()]
+            new = list(dict.fromkeys(missing_tokens))
+            if len(self.index) + len(new) > self.max_entries:  # start afresh with these tokens
+                self._reset()
+                self._add(list(dict.fromkeys(tokens)))
+                rows = np.fromiter(map(self.index.__getitem__, tokens), dtype=np.int64, count=len(tokens))
+            else:
+                self._add(new)
+                rows[missing] = np.fromiter(map(self.index.__getitem__, missing_tokens), dtype=np.int64,
+                                            count=len(missing_tokens))
         return self.vocab_ids[rows], self.char_ids[rows]
 
 
@@ -199,11 +208,12 @@ class EncodedChunk:
     ``starts[i]:starts[i + 1]`` of ``ids_N`` (vocabulary ids, int32) and ``chars_NC`` (char
     ids, int16), markers included."""
 
-    __slots__ = ("ids_N", "chars_NC", "starts", "lengths")
+    __slots__ = ("ids_N", "chars_NC", "starts", "lengths_n", "lengths")
 
     def __init__(self, ids_N: np.ndarray, chars_NC: np.ndarray, starts: np.ndarray):
         self.ids_N, self.chars_NC, self.starts = ids_N, chars_NC, starts
-        self.lengths = np.diff(starts).tolist()  # Python ints: read one at a time
+        self.lengths_n = np.diff(starts)
+        self.lengths = self.lengths_n.tolist()  # Python ints: read one at a time
 
     def __reduce__(self):
         return EncodedChunk, (self.ids_N, self.chars_NC, self.starts)
@@ -302,60 +312,61 @@ class _Stream:
                 if self.next_pos >= n_order:
                     break
         k_B = np.minimum(T, avail - 1)  # inputs that have a target
-        # 2. Segments: per row, the runs of tokens [offset, offset + k] (k inputs and one more
-        #    for the last target) within its queued sentences.
-        seg_row, seg_t, seg_chunk, seg_src, seg_len = [], [], [], [], []
-        for r in np.flatnonzero(k_B > 0).tolist():
-            k, q = int(k_B[r]), queues[r]
-            start, need, t = int(offsets[r]), k + 1, 0
-            for p in q:
-                c, i = divmod(p, R)
-                ch = self.chunk(c)
-                n = ch.lengths[i]
-                if start >= n:
-                    start -= n
-                    continue
-                take = min(n - start, need)
-                seg_row.append(r)
-                seg_t.append(t)
-                seg_chunk.append(c)
-                seg_src.append(int(ch.starts[i]) + start)
-                seg_len.append(take)
-                t += take
-                need -= take
-                start = 0
-                if need == 0:
-                    break
-            # Advance; drop the sentences all of whose tokens have been read as input.
-            off = int(offsets[r]) + k
-            while q:
-                n = self.length(q[0])
-                if off < n:
-                    break
-                off -= n
-                q.pop(0)
-            offsets[r] = off
-        avail -= np.maximum(k_B, 0)
-        if not seg_row:
+        # 2. Every queued sentence of every row, flattened (rows in order): its row, its
+        #    length, where it starts in the row's token stream and in its chunk.
+        q_lens = np.fromiter(map(len, queues), dtype=np.int64, count=len(queues))
+        pos = np.fromiter(itertools.chain.from_iterable(queues), dtype=np.int64, count=int(q_lens.sum()))
+        if not len(pos):
             return
-        # 3. One gather per chunk in flight.
-        lens = np.asarray(seg_len, dtype=np.int64)
-        seg_of = np.repeat(np.arange(len(seg_len)), lens)
-        within = np.arange(len(seg_of), dtype=np.int64) - np.repeat(np.cumsum(lens) - lens, lens)
-        row = np.asarray(seg_row, dtype=np.int64)[seg_of]
-        t = np.asarray(seg_t, dtype=np.int64)[seg_of] + within
-        src = np.asarray(seg_src, dtype=np.int64)[seg_of] + within
-        chunk_of = np.asarray(seg_chunk, dtype=np.int64)[seg_of]
-        is_input = t < k_B[row]
-        is_target = t >= 1
-        for c in np.unique(chunk_of).tolist():
-            ch = self._chunks[c]
+        row = np.repeat(np.arange(len(queues)), q_lens)
+        chunk_of = pos // R
+        lengths = np.empty(len(pos), dtype=np.int64)
+        src0 = np.empty(len(pos), dtype=np.int64)
+        chunk_ids = np.unique(chunk_of).tolist()
+        for c in chunk_ids:
+            ch = self.chunk(c)
             sel = chunk_of == c
+            i = pos[sel] - c * R
+            lengths[sel] = ch.lengths_n[i]
+            src0[sel] = ch.starts[i]
+        ends = np.cumsum(lengths)
+        row_base = np.zeros(len(queues), dtype=np.int64)
+        np.cumsum(q_lens[:-1], out=row_base[1:])
+        row_first = row_base[row]  # index (in the flat list) of the row's first sentence
+        before = ends - lengths - (ends - lengths)[row_first]  # sentence start within the row stream
+        # 3. The window of row r is tokens [offset, offset + k] (k inputs and one more for the
+        #    last target) of its stream: clip every sentence to it.
+        k = np.maximum(k_B, 0)[row]
+        lo = np.maximum(offsets[row], before)
+        hi = np.minimum(offsets[row] + k + 1, before + lengths)
+        take = np.where(k > 0, hi - lo, 0)
+        hit = take > 0
+        seg_len = take[hit]
+        seg_of = np.repeat(np.flatnonzero(hit), seg_len)
+        within = np.arange(len(seg_of), dtype=np.int64) - np.repeat(np.cumsum(seg_len) - seg_len, seg_len)
+        tok_row = row[seg_of]
+        t = (lo - offsets[row])[seg_of] + within
+        src = (src0 + lo - before)[seg_of] + within
+        tok_chunk = chunk_of[seg_of]
+        is_input = t < k_B[tok_row]
+        is_target = t >= 1
+        for c in chunk_ids:
+            ch = self._chunks[c]
+            sel = tok_chunk == c
             inp = sel & is_input
-            char_out[row[inp], t[inp]] = ch.chars_NC[src[inp]]
+            char_out[tok_row[inp], t[inp]] = ch.chars_NC[src[inp]]
             tg = sel & is_target
-            tgt_out[row[tg], t[tg] - 1] = ch.ids_N[src[tg]]
+            tgt_out[tok_row[tg], t[tg] - 1] = ch.ids_N[src[tg]]
         mask_out[np.arange(T)[None, :] < k_B[:, None]] = 1.0
+        # 4. Advance; drop the sentences all of whose tokens have been read as input.
+        new_offsets = offsets + np.maximum(k_B, 0)
+        done = (before + lengths) <= new_offsets[row]
+        n_done = np.bincount(row[done], minlength=len(queues))
+        dropped_tokens = np.bincount(row[done], weights=lengths[done], minlength=len(queues)).astype(np.int64)
+        for r in np.flatnonzero(n_done).tolist():
+            del queues[r][: n_done[r]]
+        offsets[:] = new_offsets - dropped_tokens
+        avail -= np.maximum(k_B, 0)
         self._drop_finished_chunks()
 
     # -- state -------------------------------------------------------------------------
