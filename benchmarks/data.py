@@ -93,24 +93,28 @@ def worker_pids(batcher) -> list[int]:
     return sorted(getattr(pool, "_processes", {}) or {})
 
 
-def batches_per_second(make, batch_size: int, unroll: int, seconds: float) -> tuple[float, list[float]]:
-    """positions/s per direction after a warm-up batch; peak RSS (MiB) of the workers."""
+def batches_per_second(make, batch_size: int, unroll: int, seconds: float) -> tuple[float, float, list[float]]:
+    """positions/s per direction after a warm-up batch (wall clock, and per CPU-second of
+    this process, which for workers=0 is the per-core cost whatever else runs on the
+    machine); peak RSS (MiB) of the workers."""
     batcher = make()
     try:
         next(batcher)  # starts workers, fills the first chunks
-        n, t0 = 0, time.perf_counter()
+        n, t0, c0 = 0, time.perf_counter(), time.process_time()
         while True:
             next(batcher)
             n += 1
             elapsed = time.perf_counter() - t0
             if elapsed >= seconds and n >= 3:
                 break
+        cpu = time.process_time() - c0
         rss = [peak_rss_mib(p) for p in worker_pids(batcher)]
     finally:
         close = getattr(batcher, "close", None)
         if close:
             close()
-    return n * batch_size * unroll / elapsed, [r for r in rss if r is not None]
+    positions = n * batch_size * unroll
+    return positions / elapsed, positions / max(cpu, 1e-9), [r for r in rss if r is not None]
 
 
 def waiting_fraction(make, step_s: float, steps: int) -> float:
@@ -191,24 +195,28 @@ def main(argv=None) -> int:
                     return baseline.LMBatcher(source, vocab, B, args.unroll)
                 return LMBatcher(source, vocab, B, args.unroll, workers=workers)
 
-            speeds, rss = [], []
+            speeds, cpu_speeds, rss = [], [], []
             for _ in range(args.repeats):
-                s, r = batches_per_second(make, B, args.unroll, args.seconds)
+                s, c, r = batches_per_second(make, B, args.unroll, args.seconds)
                 speeds.append(s)
+                cpu_speeds.append(c)
                 rss += r
             label = f"{args.baseline} (before)" if kind == "baseline" else f"workers={workers}"
             row = {"B": B, "impl": label, "positions_per_s_dir": statistics.median(speeds), "all": speeds,
+                   "positions_per_cpu_s_dir": statistics.median(cpu_speeds),
                    "worker_peak_rss_mib": max(rss) if rss else None, "load": os.getloadavg()}
             rows.append(row)
             print(f"B={B:5d} {label:18s} {row['positions_per_s_dir']:>12,.0f} positions/s per direction "
                   f"(runs {', '.join(f'{x:,.0f}' for x in speeds)})"
+                  + (f"; {row['positions_per_cpu_s_dir']:,.0f} per CPU-second of this process"
+                     if workers in (None, 0) else "")
                   + (f", worker peak RSS {row['worker_peak_rss_mib']:.0f} MiB" if rss else "")
                   + f", load {row['load'][0]:.1f}", flush=True)
     results["batches"] = rows
 
     waits = []
     for kind, workers in kinds:
-        for step_ms in map(float, args.step_ms.split(",")):
+        for step_ms in [float(x) for x in args.step_ms.split(",") if x]:
             def make(kind=kind, workers=workers):
                 if kind == "baseline":
                     return baseline.LMBatcher(source, vocab, args.wait_batch, args.unroll)
