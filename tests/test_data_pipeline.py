@@ -182,6 +182,9 @@ def test_kill_9_with_workers_then_sigterm_resume_exactly_and_leave_no_process(tm
     first = subprocess.Popen(cmd + ["--config.data_workers=2"], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True)
     _wait_for_train_lines(first, workdir, kill_at)
+    deadline = time.monotonic() + 60  # at least one finished checkpoint to resume from
+    while not any(p.name.isdigit() for p in (workdir / "checkpoints").glob("*")) and time.monotonic() < deadline:
+        time.sleep(0.05)
     workers = _descendants(first.pid)
     assert len(workers) >= 2, "the run has no data worker processes"
     first.send_signal(signal.SIGKILL)
