@@ -16,6 +16,7 @@ def get_config() -> TrainConfig:
         vocab_size=None,  # the full benchmark vocabulary
         batch_size_per_device=128,  # global batch = 128 x number of devices
         unroll_steps=20,
+        data_workers=4,  # sentences read and encoded in 4 processes while the devices step
         num_negatives=8192,
         learning_rate=0.2,
         initial_accumulator=1.0,

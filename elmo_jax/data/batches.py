@@ -47,11 +47,15 @@ Evaluation (held-out perplexity): ``LMBatcher(source, vocab, B, T, shuffle=False
 num_epochs=1)``: sentences in corpus order dealt to the rows as they need them, one pass,
 ``StopIteration`` at the end; average the loss over masked positions.
 
-Throughput (one CPU core, B=128, T=20, both directions, a generated 200k-sentence corpus
-with a 100k-type Zipf vocabulary): about 100 batches/s from ArrayRecord (local text
-source), 155 batches/s from memory.  The training loop builds the next batch while the
-device runs the current step (JAX dispatches the step asynchronously), so this overlaps
-with the device's work without a thread.
+How a window is built: the shuffled order is read in chunks of ``read_chunk`` positions,
+each chunk encoded once (one token-table lookup for all its words; markers and reversal by
+index arithmetic).  Which row takes which sentence depends only on sentence lengths; the
+window's char ids and targets are then gathered from the chunks in bulk.  The batches are
+byte-identical to those of the earlier per-row implementation (tests/test_data_pipeline.py
+holds digests of its output).  With ``workers=N`` the chunks are encoded in ``N`` worker
+processes and the batches assembled in a background thread, ahead of the consumer
+(:mod:`elmo_jax.data.prefetch`); the batches and states do not depend on ``N``.
+Throughput: ``benchmarks/data.py`` (numbers in benchmarks/README.md).
 
 Checkpointing: :meth:`LMBatcher.get_state` returns a small JSON-serializable dict (epoch,
 per-direction read position and per-row queues of sentence positions plus offsets; no
@@ -61,6 +65,7 @@ continues with exactly the batches that would have followed.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator, Sequence
 
 import numpy as np
@@ -68,7 +73,7 @@ import numpy as np
 from elmo_jax import chars as chars_lib
 from elmo_jax.data.vocab import Vocabulary
 
-__all__ = ["LMBatcher", "STATE_VERSION"]
+__all__ = ["LMBatcher", "STATE_VERSION", "ChunkEncoder", "EncodedChunk", "encode_chunk"]
 
 STATE_VERSION = 1
 _DIRECTIONS = ("fwd", "bwd")
@@ -94,11 +99,8 @@ class _TokenTable:
         self.vocab_ids = np.zeros(1024, dtype=np.int32)
         self.char_ids = np.zeros((1024, self.max_chars), dtype=np.int16)
 
-    def _add(self, tokens: Sequence[str]) -> None:
-        new = list(dict.fromkeys(t for t in tokens if t not in self.index))
-        if len(self.index) + len(new) > self.max_entries:
-            self._reset()
-            new = list(dict.fromkeys(tokens))
+    def _add(self, new: list[str]) -> None:
+        """Give rows to the distinct tokens ``new`` (none of them in the table)."""
         n0 = len(self.index)
         n1 = n0 + len(new)
         if n1 > len(self.vocab_ids):
@@ -113,28 +115,133 @@ class _TokenTable:
         self.char_ids[n0:n1] = chars_lib.tokens_to_ids(new, self.max_chars)
 
     def lookup(self, tokens: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
-        """(vocab ids [n] int32, char ids [n, C] int16) of ``tokens``."""
-        get = self.index.get
-        rows = [get(t, -1) for t in tokens]
-        if -1 in rows:
-            self._add(tokens)
-            rows = [self.index[t] for t in tokens]
-        rows = np.asarray(rows, dtype=np.int64)
+        """(vocab ids [n] int32, char ids [n, C] int16) of ``tokens``.
+
+        One dict lookup per token; the tokens not yet in the table (a few per chunk once the
+        frequent words are in) are added and looked up again on their own.
+        """
+        rows = np.fromiter(map(self.index.get, tokens, itertools.repeat(-1)), dtype=np.int64, count=len(tokens))
+        missing = np.flatnonzero(rows < 0)
+        if len(missing):
+            missing_tokens = [tokens[i] for i in missing.tolist()]
+            new = list(dict.fromkeys(missing_tokens))
+            if len(self.index) + len(new) > self.max_entries:  # start afresh with these tokens
+                self._reset()
+                self._add(list(dict.fromkeys(tokens)))
+                rows = np.fromiter(map(self.index.__getitem__, tokens), dtype=np.int64, count=len(tokens))
+            else:
+                self._add(new)
+                rows[missing] = np.fromiter(map(self.index.__getitem__, missing_tokens), dtype=np.int64,
+                                            count=len(missing_tokens))
         return self.vocab_ids[rows], self.char_ids[rows]
 
 
+class ChunkEncoder:
+    """Reads sentences by index and encodes them into :class:`EncodedChunk` s.
+
+    Picklable (the source, the vocabulary's tokens and the sizes): worker processes get a
+    copy and build their own token table, so nothing is shared between processes.
+    """
+
+    def __init__(self, source, vocab: Vocabulary, max_chars: int, char_cache_size: int):
+        self.source = source
+        self.vocab = vocab
+        self.max_chars = int(max_chars)
+        self.char_cache_size = int(char_cache_size)
+        self._setup()
+
+    def _setup(self) -> None:
+        self.table = _TokenTable(self.vocab, self.max_chars, self.char_cache_size)
+        self.bos_id, self.eos_id = self.vocab.bos_id, self.vocab.eos_id
+        self.marker_chars_2C = chars_lib.batch_to_ids(
+            [[chars_lib.BOS_TOKEN, chars_lib.EOS_TOKEN]], self.max_chars
+        )[0].astype(np.int16)
+
+    def __getstate__(self) -> dict:
+        return {"source": self.source, "vocab": self.vocab, "max_chars": self.max_chars,
+                "char_cache_size": self.char_cache_size}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    def __call__(self, positions: Sequence[int], reverse: bool) -> EncodedChunk:
+        sentences = self.source.get_batch([int(i) for i in positions])
+        return encode_chunk(sentences, self.table, self.bos_id, self.eos_id, self.marker_chars_2C, reverse)
+
+
+def encode_chunk(
+    sentences: Sequence[Sequence[str]], table: "_TokenTable", bos_id: int, eos_id: int,
+    marker_chars_2C: np.ndarray, reverse: bool,
+) -> "EncodedChunk":
+    """Sentences -> one :class:`EncodedChunk` (``<S> w1 .. wn </S>`` each, or reversed).
+
+    One token-table lookup for all words of the chunk, then every marker and every reversal
+    placed with index arithmetic (no Python loop per sentence beyond reading the lengths).
+    """
+    lens_n = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+    sizes_n = lens_n + 2
+    starts = np.zeros(len(sentences) + 1, dtype=np.int64)
+    np.cumsum(sizes_n, out=starts[1:])
+    total = int(starts[-1])
+    ids_N = np.empty(total, dtype=np.int32)
+    chars_NC = np.empty((total, table.max_chars), dtype=np.int16)
+    first, last = starts[:-1], starts[1:] - 1
+    ids_N[first], ids_N[last] = bos_id, eos_id
+    chars_NC[first], chars_NC[last] = marker_chars_2C[0], marker_chars_2C[1]
+    n_words = int(lens_n.sum())
+    if n_words:
+        word_ids, word_chars = table.lookup([t for s in sentences for t in s])
+        # word j of sentence i goes to starts[i] + 1 + j: shift each sentence's run of words.
+        word_starts = np.cumsum(lens_n) - lens_n
+        at = np.arange(n_words, dtype=np.int64) + np.repeat(first + 1 - word_starts, lens_n)
+        ids_N[at], chars_NC[at] = word_ids, word_chars
+    if reverse and total:  # </S> wn .. w1 <S>: position p of sentence i reads first_i + last_i - p
+        sentence_of = np.repeat(np.arange(len(sentences)), sizes_n)
+        src = (first + last)[sentence_of] - np.arange(total, dtype=np.int64)
+        ids_N, chars_NC = ids_N[src], chars_NC[src]
+    return EncodedChunk(ids_N, chars_NC, starts)
+
+
+class EncodedChunk:
+    """Consecutive sentences of one direction's order, encoded: sentence ``i`` is tokens
+    ``starts[i]:starts[i + 1]`` of ``ids_N`` (vocabulary ids, int32) and ``chars_NC`` (char
+    ids, int16), markers included."""
+
+    __slots__ = ("ids_N", "chars_NC", "starts", "lengths_n", "lengths")
+
+    def __init__(self, ids_N: np.ndarray, chars_NC: np.ndarray, starts: np.ndarray):
+        self.ids_N, self.chars_NC, self.starts = ids_N, chars_NC, starts
+        self.lengths_n = np.diff(starts)
+        self.lengths = self.lengths_n.tolist()  # Python ints: read one at a time
+
+    def __reduce__(self):
+        return EncodedChunk, (self.ids_N, self.chars_NC, self.starts)
+
+
 class _Stream:
-    """One direction: a sentence order per epoch and B rows each consuming its stream."""
+    """One direction: a sentence order per epoch and B rows each consuming its stream.
+
+    The order is read in chunks of ``read_chunk`` consecutive positions (chunk ``c`` holds
+    positions ``c * R .. (c + 1) * R - 1``), each encoded once into an :class:`EncodedChunk`
+    by the batcher's chunk provider (in this thread, or by worker processes).  Which row
+    takes which sentence is decided from the sentence lengths alone; the window's tokens are
+    then gathered from the chunks with one fancy index per chunk.  Chunks are dropped once
+    no row holds a sentence of theirs, so memory stays bounded by the sentences in flight.
+    """
 
     def __init__(self, owner: "LMBatcher", direction: int):
         self.o = owner
         self.direction = direction  # 0 forward, 1 backward
+        self.epoch = 0
         self.order = np.empty(0, dtype=np.int64)
         self.next_pos = 0
-        # Per row: [offset, [positions in `order` of the queued sentences]]; offset is the
-        # index of the row's next input token within the concatenation of its queue.
-        self.rows: list[list] = []
-        self._cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # Per row: the positions (in `order`) of its queued sentences, the index of its next
+        # input token within their concatenation, and how many tokens are left from there.
+        self.queues: list[list[int]] = []
+        self.offsets = np.zeros(0, dtype=np.int64)
+        self.avail = np.zeros(0, dtype=np.int64)
+        self._chunks: dict[int, EncodedChunk] = {}
 
     # -- epochs ------------------------------------------------------------------------
     def start_epoch(self, epoch: int) -> None:
@@ -144,83 +251,128 @@ class _Stream:
             self.order = local[rng.permutation(len(local))]
         else:
             self.order = local
+        self.epoch = epoch
         self.next_pos = 0
-        self.rows = [[0, []] for _ in range(self.o.batch_size)]
-        self._cache.clear()
+        B = self.o.batch_size
+        self.queues = [[] for _ in range(B)]
+        self.offsets = np.zeros(B, dtype=np.int64)
+        self.avail = np.zeros(B, dtype=np.int64)
+        self._chunks.clear()
 
     # -- sentence data -----------------------------------------------------------------
-    def _sentence(self, pos: int) -> tuple[np.ndarray, np.ndarray]:
-        """(vocab ids [n+2] int32, char ids [n+2, C] int16) of the sentence at ``pos``."""
-        hit = self._cache.get(pos)
-        if hit is not None:
-            return hit
-        if pos < self.next_pos:  # a queued sentence after set_state: just this one
-            positions = [pos]
-        else:  # read ahead along the order
-            end = min(pos + self.o.read_chunk, len(self.order))
-            positions = [p for p in range(pos, end) if p not in self._cache]
-        sentences = self.o.source.get_batch([int(self.order[p]) for p in positions])
-        for p, tokens in zip(positions, sentences):
-            self._cache[p] = self.o._encode(tokens, reverse=self.direction == 1)
-        return self._cache[pos]
+    def _chunk_positions(self, c: int) -> np.ndarray:
+        R = self.o.read_chunk
+        return self.order[c * R : (c + 1) * R]
 
-    def _row_avail(self, row: list) -> int:
-        offset, queue = row
-        return sum(len(self._sentence(p)[0]) for p in queue) - offset
+    def chunk(self, c: int) -> EncodedChunk:
+        hit = self._chunks.get(c)
+        if hit is None:
+            provider = self.o._provider
+            hit = provider.get((self.epoch, self.direction, c), self._chunk_positions(c), self.direction == 1)
+            self._chunks[c] = hit
+            n_chunks = -(-len(self.order) // self.o.read_chunk)
+            for ahead in range(c + 1, min(c + 1 + provider.lookahead, n_chunks)):
+                if ahead not in self._chunks:
+                    provider.prefetch((self.epoch, self.direction, ahead), self._chunk_positions(ahead),
+                                      self.direction == 1)
+        return hit
+
+    def length(self, pos: int) -> int:
+        c, i = divmod(pos, self.o.read_chunk)
+        return self.chunk(c).lengths[i]
+
+    def _drop_finished_chunks(self) -> None:
+        heads = [q[0] for q in self.queues if q]
+        oldest = min(heads, default=self.next_pos)
+        first_live = min(oldest, self.next_pos) // self.o.read_chunk
+        for c in [c for c in self._chunks if c < first_live]:
+            del self._chunks[c]
 
     def dry(self) -> bool:
         """No row can produce another (input, target) pair and no sentence is left."""
-        if self.next_pos < len(self.order):
-            return False
-        return all(self._row_avail(row) <= 1 for row in self.rows)
+        return self.next_pos >= len(self.order) and bool((self.avail <= 1).all())
 
     # -- one window --------------------------------------------------------------------
     def fill(self, char_out: np.ndarray, tgt_out: np.ndarray, mask_out: np.ndarray) -> None:
+        """Write the next window into ``char_out [B, T, C]``, ``tgt_out [B, T]``, ``mask_out [B, T]``
+        (zero-initialised)."""
         T = self.o.unroll_steps
+        R = self.o.read_chunk
         n_order = len(self.order)
-        for r, row in enumerate(self.rows):
-            offset, queue = row
-            avail = self._row_avail(row)
-            while avail < T + 1 and self.next_pos < n_order:
-                queue.append(self.next_pos)
-                avail += len(self._sentence(self.next_pos)[0])
-                self.next_pos += 1
-            k = min(T, avail - 1)  # inputs that have a target
-            if k <= 0:
-                continue
-            # Gather tokens [offset, offset + k] (k inputs + one more for the last target).
-            ids_parts, char_parts = [], []
-            need, start = k + 1, offset
-            for p in queue:
-                ids, chs = self._sentence(p)
-                if start >= len(ids):
-                    start -= len(ids)
-                    continue
-                take = min(len(ids) - start, need)
-                ids_parts.append(ids[start : start + take])
-                char_parts.append(chs[start : start + take])
-                need -= take
-                start = 0
-                if need == 0:
+        avail, offsets, queues = self.avail, self.offsets, self.queues
+        # 1. Row assignment from lengths only, rows in order 0..B-1 (the draw order).
+        if self.next_pos < n_order:
+            for r in np.flatnonzero(avail < T + 1).tolist():
+                a, q = int(avail[r]), queues[r]
+                while a < T + 1 and self.next_pos < n_order:
+                    q.append(self.next_pos)
+                    a += self.length(self.next_pos)
+                    self.next_pos += 1
+                avail[r] = a
+                if self.next_pos >= n_order:
                     break
-            ids = np.concatenate(ids_parts) if len(ids_parts) > 1 else ids_parts[0]
-            chs = np.concatenate(char_parts) if len(char_parts) > 1 else char_parts[0]
-            char_out[r, :k] = chs[:k]
-            tgt_out[r, :k] = ids[1 : k + 1]
-            mask_out[r, :k] = 1.0
-            # Advance and drop the sentences all of whose tokens have been read as input.
-            offset += k
-            while queue:
-                n = len(self._sentence(queue[0])[0])
-                if offset < n:
-                    break
-                offset -= n
-                self._cache.pop(queue.pop(0), None)
-            row[0] = offset
+        k_B = np.minimum(T, avail - 1)  # inputs that have a target
+        # 2. Every queued sentence of every row, flattened (rows in order): its row, its
+        #    length, where it starts in the row's token stream and in its chunk.
+        q_lens = np.fromiter(map(len, queues), dtype=np.int64, count=len(queues))
+        pos = np.fromiter(itertools.chain.from_iterable(queues), dtype=np.int64, count=int(q_lens.sum()))
+        if not len(pos):
+            return
+        row = np.repeat(np.arange(len(queues)), q_lens)
+        chunk_of = pos // R
+        lengths = np.empty(len(pos), dtype=np.int64)
+        src0 = np.empty(len(pos), dtype=np.int64)
+        chunk_ids = np.unique(chunk_of).tolist()
+        for c in chunk_ids:
+            ch = self.chunk(c)
+            sel = chunk_of == c
+            i = pos[sel] - c * R
+            lengths[sel] = ch.lengths_n[i]
+            src0[sel] = ch.starts[i]
+        ends = np.cumsum(lengths)
+        row_base = np.zeros(len(queues), dtype=np.int64)
+        np.cumsum(q_lens[:-1], out=row_base[1:])
+        row_first = row_base[row]  # index (in the flat list) of the row's first sentence
+        before = ends - lengths - (ends - lengths)[row_first]  # sentence start within the row stream
+        # 3. The window of row r is tokens [offset, offset + k] (k inputs and one more for the
+        #    last target) of its stream: clip every sentence to it.
+        k = np.maximum(k_B, 0)[row]
+        lo = np.maximum(offsets[row], before)
+        hi = np.minimum(offsets[row] + k + 1, before + lengths)
+        take = np.where(k > 0, hi - lo, 0)
+        hit = take > 0
+        seg_len = take[hit]
+        seg_of = np.repeat(np.flatnonzero(hit), seg_len)
+        within = np.arange(len(seg_of), dtype=np.int64) - np.repeat(np.cumsum(seg_len) - seg_len, seg_len)
+        tok_row = row[seg_of]
+        t = (lo - offsets[row])[seg_of] + within
+        src = (src0 + lo - before)[seg_of] + within
+        tok_chunk = chunk_of[seg_of]
+        is_input = t < k_B[tok_row]
+        is_target = t >= 1
+        for c in chunk_ids:
+            ch = self._chunks[c]
+            sel = tok_chunk == c
+            inp = sel & is_input
+            char_out[tok_row[inp], t[inp]] = ch.chars_NC[src[inp]]
+            tg = sel & is_target
+            tgt_out[tok_row[tg], t[tg] - 1] = ch.ids_N[src[tg]]
+        mask_out[np.arange(T)[None, :] < k_B[:, None]] = 1.0
+        # 4. Advance; drop the sentences all of whose tokens have been read as input.
+        new_offsets = offsets + np.maximum(k_B, 0)
+        done = (before + lengths) <= new_offsets[row]
+        n_done = np.bincount(row[done], minlength=len(queues))
+        dropped_tokens = np.bincount(row[done], weights=lengths[done], minlength=len(queues)).astype(np.int64)
+        for r in np.flatnonzero(n_done).tolist():
+            del queues[r][: n_done[r]]
+        offsets[:] = new_offsets - dropped_tokens
+        avail -= np.maximum(k_B, 0)
+        self._drop_finished_chunks()
 
     # -- state -------------------------------------------------------------------------
     def get_state(self) -> dict:
-        return {"next_pos": int(self.next_pos), "rows": [[int(o), [int(p) for p in q]] for o, q in self.rows]}
+        return {"next_pos": int(self.next_pos),
+                "rows": [[int(o), [int(p) for p in q]] for o, q in zip(self.offsets.tolist(), self.queues)]}
 
     def set_state(self, epoch: int, state: dict) -> None:
         self.start_epoch(epoch)
@@ -230,7 +382,31 @@ class _Stream:
         self.next_pos = int(state["next_pos"])
         if not 0 <= self.next_pos <= len(self.order):
             raise ValueError(f"state read position {self.next_pos} is outside 0..{len(self.order)}")
-        self.rows = [[int(o), [int(p) for p in q]] for o, q in rows]
+        self.queues = [[int(p) for p in q] for _, q in rows]
+        self.offsets = np.asarray([int(o) for o, _ in rows], dtype=np.int64)
+        for q in self.queues:
+            if any(not 0 <= p < self.next_pos for p in q):
+                raise ValueError(f"state queues a sentence position outside 0..{self.next_pos - 1}")
+        self.avail = np.asarray([sum(self.length(p) for p in q) for q in self.queues], dtype=np.int64) - self.offsets
+
+
+class _InlineChunks:
+    """Chunk provider that encodes in the calling thread (``workers=0``)."""
+
+    lookahead = 0
+
+    def __init__(self, encode):
+        self._encode = encode
+
+    def get(self, key, positions, reverse: bool) -> EncodedChunk:
+        del key
+        return self._encode(positions, reverse)
+
+    def prefetch(self, key, positions, reverse: bool) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
 
 
 class LMBatcher(Iterator[dict]):
@@ -246,8 +422,15 @@ class LMBatcher(Iterator[dict]):
       shuffle: False reads the sentences in order (evaluation).
       num_epochs: None = endless (training); else ``StopIteration`` after that many passes.
       process_index, process_count: this process reads sentences ``i % count == index``.
-      read_chunk: sentences read from the source at once (read-ahead, not part of the state).
+      read_chunk: sentences read and encoded at once (not part of the state: any value gives
+        the same batches).
       char_cache_size: bound on the distinct tokens cached with their ids (about 100 bytes each).
+      workers: 0 builds each batch in the thread that calls ``next``; ``N >= 1`` reads and
+        encodes the sentences in ``N`` worker processes and assembles batches in a
+        background thread, ``prefetch`` batches ahead (:mod:`elmo_jax.data.prefetch`).  The
+        batches and states are the same for every value.  Call :meth:`close` (or use the
+        batcher as a context manager) to stop the workers.
+      prefetch: batches built ahead of the consumer when ``workers >= 1``.
     """
 
     def __init__(
@@ -265,6 +448,8 @@ class LMBatcher(Iterator[dict]):
         process_count: int = 1,
         read_chunk: int = 1024,
         char_cache_size: int = 500_000,
+        workers: int = 0,
+        prefetch: int = 8,
     ):
         if batch_size < 1 or unroll_steps < 1:
             raise ValueError(f"batch_size and unroll_steps must be >= 1, got {batch_size}, {unroll_steps}")
@@ -272,6 +457,8 @@ class LMBatcher(Iterator[dict]):
             raise ValueError(f"process_index={process_index} is not in 0..process_count-1={process_count - 1}")
         if num_epochs is not None and num_epochs < 1:
             raise ValueError(f"num_epochs must be None or >= 1, got {num_epochs}")
+        if workers < 0 or prefetch < 1:
+            raise ValueError(f"workers must be >= 0 and prefetch >= 1, got {workers} and {prefetch}")
         self.source = source
         self.vocab = vocab
         self.batch_size = int(batch_size)
@@ -283,6 +470,8 @@ class LMBatcher(Iterator[dict]):
         self.process_index = int(process_index)
         self.process_count = int(process_count)
         self.read_chunk = max(1, int(read_chunk))
+        self.char_cache_size = int(char_cache_size)
+        self.workers = int(workers)
         self.num_sentences = len(source)
         if self.num_sentences == 0:
             raise ValueError("the sentence source is empty")
@@ -292,15 +481,19 @@ class LMBatcher(Iterator[dict]):
                 f"process {process_index} of {process_count} gets no sentence: the source has only "
                 f"{self.num_sentences}"
             )
-        self._tokens = _TokenTable(vocab, self.max_characters_per_token, char_cache_size)
-        self._bos, self._eos = vocab.bos_id, vocab.eos_id
-        self._marker_chars = chars_lib.batch_to_ids(
-            [[chars_lib.BOS_TOKEN, chars_lib.EOS_TOKEN]], self.max_characters_per_token
-        )[0].astype(np.int16)
+        self._encoder = ChunkEncoder(source, vocab, self.max_characters_per_token, char_cache_size)
         self._streams = [_Stream(self, 0), _Stream(self, 1)]
         self.epoch = 0
         self.batches_in_epoch = 0
         self._finished = False
+        if self.workers:
+            from elmo_jax.data.prefetch import BatchPipeline, WorkerChunks
+
+            self._provider = WorkerChunks(self._encoder, self.workers)
+            self._pipeline = BatchPipeline(self, prefetch)
+        else:
+            self._provider = _InlineChunks(self._encoder)
+            self._pipeline = None
         for s in self._streams:
             s.start_epoch(0)
 
@@ -315,24 +508,17 @@ class LMBatcher(Iterator[dict]):
         global_batch = self.batch_size * self.process_count * self.unroll_steps
         return max(1, self.num_epoch_tokens() // global_batch)
 
-    # ------------------------------------------------------------------ encoding
-    def _encode(self, tokens: Sequence[str], reverse: bool) -> tuple[np.ndarray, np.ndarray]:
-        n = len(tokens)
-        ids = np.empty(n + 2, dtype=np.int32)
-        ids[0], ids[-1] = self._bos, self._eos
-        chs = np.empty((n + 2, self.max_characters_per_token), dtype=np.int16)
-        chs[0], chs[-1] = self._marker_chars[0], self._marker_chars[1]
-        if n:
-            ids[1:-1], chs[1:-1] = self._tokens.lookup(tokens)
-        if reverse:  # </S> wn .. w1 <S>
-            return ids[::-1].copy(), chs[::-1].copy()
-        return ids, chs
-
     # ------------------------------------------------------------------ iteration
     def __iter__(self) -> "LMBatcher":
         return self
 
     def __next__(self) -> dict:
+        if self._pipeline is not None:
+            return self._pipeline.next()
+        return self._build_next()
+
+    def _build_next(self) -> dict:
+        """The next batch from the streams (the thread that owns them calls this)."""
         if self._finished:
             raise StopIteration
         if all(s.dry() for s in self._streams):
@@ -346,15 +532,28 @@ class LMBatcher(Iterator[dict]):
         B, T, C = self.batch_size, self.unroll_steps, self.max_characters_per_token
         batch = {}
         for name, stream in zip(_DIRECTIONS, self._streams):
-            ch = np.zeros((B, T, C), dtype=np.int16)
+            ch = np.zeros((B, T, C), dtype=np.int32)
             tg = np.zeros((B, T), dtype=np.int32)
             mk = np.zeros((B, T), dtype=np.float32)
             stream.fill(ch, tg, mk)
-            batch[f"{name}_char_ids"] = ch.astype(np.int32)
+            batch[f"{name}_char_ids"] = ch
             batch[f"{name}_targets"] = tg
             batch[f"{name}_mask"] = mk
         self.batches_in_epoch += 1
         return batch
+
+    # ------------------------------------------------------------------ workers
+    def close(self) -> None:
+        """Stop the background thread and the worker processes (``workers >= 1``); idempotent."""
+        if self._pipeline is not None:
+            self._pipeline.close()
+        self._provider.close()
+
+    def __enter__(self) -> "LMBatcher":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # ------------------------------------------------------------------ state
     def _config_fingerprint(self) -> dict:
@@ -369,7 +568,13 @@ class LMBatcher(Iterator[dict]):
         }
 
     def get_state(self) -> dict:
-        """The input position (JSON-serializable, no token data): resumes after the last batch."""
+        """The input position (JSON-serializable, no token data): resumes after the last batch
+        that ``next`` returned (with workers, batches built ahead are not counted)."""
+        if self._pipeline is not None:
+            return self._pipeline.state()
+        return self._build_state()
+
+    def _build_state(self) -> dict:
         return {
             "version": STATE_VERSION,
             **self._config_fingerprint(),
@@ -380,7 +585,8 @@ class LMBatcher(Iterator[dict]):
         }
 
     def set_state(self, state: dict) -> None:
-        """Continue from a :meth:`get_state` dict of a batcher built with the same arguments."""
+        """Continue from a :meth:`get_state` dict of a batcher built with the same arguments
+        (any ``workers``, ``prefetch`` and ``read_chunk``)."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unknown batcher state version {state.get('version')!r} (expected {STATE_VERSION})")
         mismatched = {
@@ -389,6 +595,12 @@ class LMBatcher(Iterator[dict]):
         if mismatched:
             detail = ", ".join(f"{k}: state {a!r} vs batcher {b!r}" for k, (a, b) in mismatched.items())
             raise ValueError(f"the batcher state does not match this batcher ({detail})")
+        if self._pipeline is not None:
+            self._pipeline.set_state(state)
+        else:
+            self._apply_state(state)
+
+    def _apply_state(self, state: dict) -> None:
         self.epoch = int(state["epoch"])
         self.batches_in_epoch = int(state["batches_in_epoch"])
         self._finished = bool(state.get("finished", False))

@@ -130,8 +130,73 @@ class InMemorySource:
             yield self[i]
 
 
+def _len_field(buf: bytes, pos: int, end: int, number: int) -> tuple[int, int] | None:
+    """``(start, end)`` of the first length-delimited field ``number`` of the protobuf
+    message ``buf[pos:end]``; None if absent or not parseable."""
+    while pos < end:
+        key = shift = 0
+        while True:  # varint key
+            if pos >= end:
+                return None
+            b = buf[pos]
+            pos += 1
+            key |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                break
+        wire = key & 7
+        if wire == 2:
+            size = shift = 0
+            while True:
+                if pos >= end:
+                    return None
+                b = buf[pos]
+                pos += 1
+                size |= (b & 0x7F) << shift
+                shift += 7
+                if b < 0x80:
+                    break
+            if pos + size > end:
+                return None
+            if key >> 3 == number:
+                return pos, pos + size
+            pos += size
+        else:  # TFDS writes only length-delimited fields here; anything else: not ours
+            return None
+    return None
+
+
+def example_text(record: bytes) -> bytes | None:
+    """The ``text`` feature of a serialized ``tf.train.Example`` holding just that feature
+    (what TFDS writes for ``lm1b`` and :class:`ElmoLocalText`), read straight from the
+    protobuf bytes; None for any other layout (the caller then lets TFDS decode it).
+
+    Example.features(1) -> Features.feature(1, map entry: key(1) = "text", value(2)) ->
+    Feature.bytes_list(1) -> BytesList.value(1)."""
+    span = _len_field(record, 0, len(record), 1)
+    if span is None:
+        return None
+    entry = _len_field(record, span[0], span[1], 1)
+    if entry is None or entry[1] != span[1]:  # exactly one feature
+        return None
+    key = _len_field(record, entry[0], entry[1], 1)
+    if key is None or record[key[0]:key[1]] != b"text":
+        return None
+    for number in (2, 1, 1):  # map value -> bytes_list -> first value
+        found = _len_field(record, entry[0], entry[1], number)
+        if found is None:
+            return None
+        entry = found
+    return record[entry[0]:entry[1]]
+
+
 class _TfdsTextSource:
-    """A TFDS data source whose examples hold one sentence in the feature ``text``."""
+    """A TFDS data source whose examples hold one sentence in the feature ``text``.
+
+    Records are read raw from the underlying ArrayRecord source and the sentence taken from
+    the protobuf bytes directly (:func:`example_text`), about 10x cheaper than TFDS's
+    general decoding, which remains the fallback for any other layout.
+    """
 
     def __init__(self, data_source, name: str, num_tokens: int | None = None):
         self._ds = data_source
@@ -160,6 +225,16 @@ class _TfdsTextSource:
         keys = [int(i) for i in indices]
         if not keys:
             return []
+        raw_source = getattr(self._ds, "data_source", None)
+        if self._bulk_ok and raw_source is not None and hasattr(raw_source, "__getitems__"):
+            try:
+                records = raw_source.__getitems__(keys)
+            except TypeError:
+                records = None
+            if records is not None and len(records) == len(keys):
+                texts = [example_text(r) if isinstance(r, bytes) else None for r in records]
+                if None not in texts:
+                    return [t.decode("utf-8").split() for t in texts]
         if self._bulk_ok:
             try:
                 return [self._split(ex) for ex in self._ds.__getitems__(keys)]

@@ -81,6 +81,9 @@ class TrainConfig:
       batch_size_per_device: when set, overrides ``batch_size``: the global batch is this times
         the number of devices (the original recipe: 128 per GPU); see :meth:`global_batch_size`.
       unroll_steps: tokens per row per step (truncated-BPTT window).
+      data_workers: processes that read and encode training sentences while the step runs
+        (a background thread assembles the batches); 0 builds each batch in the training
+        thread.  Any value gives the same batches, and a run may resume with another value.
     Objective and optimiser
       num_negatives: sampled-softmax negatives per step; the full softmax is used when the
         vocabulary is not larger than this.
@@ -119,6 +122,7 @@ class TrainConfig:
     batch_size: int = 16
     batch_size_per_device: int | None = None
     unroll_steps: int = 20
+    data_workers: int = 0
     num_negatives: int = 8192
     optimizer: str = "adagrad"
     learning_rate: float = 0.2
@@ -225,6 +229,7 @@ def _validate(cfg: TrainConfig) -> None:
     at_least = {
         "batch_size": (cfg.batch_size, 1),
         "unroll_steps": (cfg.unroll_steps, 1),
+        "data_workers": (cfg.data_workers, 0),
         "num_negatives": (cfg.num_negatives, 1),
         "vocab_min_count": (cfg.vocab_min_count, 1),
         "epochs": (cfg.epochs, 1),

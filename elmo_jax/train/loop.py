@@ -199,6 +199,7 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
                     summary.update(step=step, interrupted=stop.signal, checkpoint=ckpts.path(step))
                     return summary
     finally:
+        getattr(batcher, "close", lambda: None)()  # stops the data workers (a test's stand-in has none)
         bar.close()
         writer.close()
         ckpts.close()
@@ -219,6 +220,7 @@ def make_batcher(data: RunData, cfg: TrainConfig, model_config: ElmoConfig, loca
     return LMBatcher(
         data.train, data.vocab, local_batch, cfg.unroll_steps, model_config.char_cnn.max_characters_per_token,
         seed=cfg.seed, process_index=jax.process_index(), process_count=jax.process_count(),
+        workers=cfg.data_workers,
     )
 
 

@@ -51,7 +51,7 @@ from elmo_jax.train.parallel import local_replica, local_rows, rows_sharding, to
 # checkpoint's instead (check_topology).
 RESUMABLE_FIELDS = {
     "epochs", "max_steps", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_max_batches", "log_every",
-    "parallel", "data_dir", "remat_steps", "batch_size", "batch_size_per_device",
+    "parallel", "data_dir", "remat_steps", "batch_size", "batch_size_per_device", "data_workers",
 }
 
 

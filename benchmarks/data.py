@@ -1,0 +1,243 @@
+#!/usr/bin/env python
+"""Host-side input pipeline benchmark (issue 31): preparation, vocabulary, batches per second
+per worker count, time the training loop waits for data, peak memory per worker.
+
+    python benchmarks/data.py                              # 100k sentences, workers 0,1,2
+    python benchmarks/data.py --sentences 300000 --workers 0,2,4 --repeats 5 --out data.json
+
+The corpus is generated: lm1b-like sentence lengths (mean ~28 words, gamma-distributed),
+words drawn from a Zipf law (exponent 1.2) over ``--types`` word forms, written as one
+tokenized sentence per line.  It is then prepared into ArrayRecord exactly as training does
+(:class:`elmo_jax.data.text_source.LocalTextSource`), the vocabulary is built from it
+(:meth:`Vocabulary.build`, or :func:`elmo_jax.data.counting.count_tokens` with
+``--count-workers``), and batches are drawn from the prepared source.
+
+positions/s per direction = batches x B x T / seconds (each batch holds B x T positions of
+each direction).  ``--baseline COMMIT`` (default 7058beb, the per-row implementation) loads
+that commit's ``elmo_jax/data/batches.py`` with ``git show`` and measures it in the same
+run.  Each measurement is repeated ``--repeats`` times; the median is printed (the machine
+may be shared: the load average is printed too).
+
+Waiting: a loop of ``next(batcher)`` then a simulated step (``time.sleep``, which like a
+device step leaves the CPU to the workers; 0 = no step); ``wait %`` is the time spent in
+``next`` over the loop's total time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path.insert(0, REPO)
+
+import numpy as np  # noqa: E402
+
+
+def write_corpus(path: str, n_sentences: int, n_types: int, seed: int = 0) -> dict:
+    """An lm1b-like corpus: Zipf-distributed words over ``n_types`` forms, one sentence a line."""
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    forms = ["".join(rng.choice(letters, rng.integers(2, 10))) + str(i) for i in range(n_types)]
+    lengths = np.clip(rng.gamma(3.0, 9.0, n_sentences).astype(np.int64) + 1, 1, 200)
+    ranks = np.minimum(rng.zipf(1.2, int(lengths.sum())), n_types) - 1
+    words = 0
+    with open(path, "w", encoding="utf-8") as f:
+        at = 0
+        for n in lengths.tolist():
+            f.write(" ".join(forms[r] for r in ranks[at : at + n].tolist()))
+            f.write("\n")
+            at += n
+        words = at
+    return {"sentences": n_sentences, "words": int(words), "types_used": int(len(np.unique(ranks)))}
+
+
+def load_baseline(commit: str):
+    """``elmo_jax/data/batches.py`` of ``commit`` as a module (None without git)."""
+    try:
+        code = subprocess.run(["git", "-C", REPO, "show", f"{commit}:elmo_jax/data/batches.py"],
+                              check=True, capture_output=True, text=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    path = os.path.join(tempfile.mkdtemp(), f"batches_{commit}.py")
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(code)
+    spec = importlib.util.spec_from_file_location(f"batches_{commit}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
+
+
+def worker_pids(batcher) -> list[int]:
+    pool = getattr(getattr(batcher, "_provider", None), "_pool", None)
+    return sorted(getattr(pool, "_processes", {}) or {})
+
+
+def batches_per_second(make, batch_size: int, unroll: int, seconds: float) -> tuple[float, float, list[float]]:
+    """positions/s per direction after a warm-up batch (wall clock, and per CPU-second of
+    this process, which for workers=0 is the per-core cost whatever else runs on the
+    machine); peak RSS (MiB) of the workers."""
+    batcher = make()
+    try:
+        next(batcher)  # starts workers, fills the first chunks
+        n, t0, c0 = 0, time.perf_counter(), time.process_time()
+        while True:
+            next(batcher)
+            n += 1
+            elapsed = time.perf_counter() - t0
+            if elapsed >= seconds and n >= 3:
+                break
+        cpu = time.process_time() - c0
+        rss = [peak_rss_mib(p) for p in worker_pids(batcher)]
+    finally:
+        close = getattr(batcher, "close", None)
+        if close:
+            close()
+    positions = n * batch_size * unroll
+    return positions / elapsed, positions / max(cpu, 1e-9), [r for r in rss if r is not None]
+
+
+def waiting_fraction(make, step_s: float, steps: int) -> float:
+    batcher = make()
+    try:
+        next(batcher)
+        time.sleep(0.5)  # let the pipeline fill, as the first compiled step would
+        waited, t0 = 0.0, time.perf_counter()
+        for _ in range(steps):
+            a = time.perf_counter()
+            next(batcher)
+            waited += time.perf_counter() - a
+            if step_s:
+                time.sleep(step_s)
+        total = time.perf_counter() - t0
+    finally:
+        close = getattr(batcher, "close", None)
+        if close:
+            close()
+    return waited / total
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sentences", type=int, default=100_000)
+    p.add_argument("--types", type=int, default=168_000)
+    p.add_argument("--workers", default="0,1,2", help="worker counts to measure")
+    p.add_argument("--batch-sizes", default="128,1024", help="'' skips the batches/s rows")
+    p.add_argument("--unroll", type=int, default=20)
+    p.add_argument("--seconds", type=float, default=3.0, help="per batches/s measurement")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--count-workers", type=int, default=0, help="processes counting the vocabulary (0: in process)")
+    p.add_argument("--step-ms", default="0,5,23", help="simulated step times for the waiting measurement")
+    p.add_argument("--wait-batch", type=int, default=1024)
+    p.add_argument("--baseline", default="7058beb", help="commit whose batcher is measured too ('' to skip)")
+    p.add_argument("--tmp", default=None, help="folder for the corpus and prepared data (default: a temp dir)")
+    p.add_argument("--out", default=None, help="JSON results")
+    args = p.parse_args(argv)
+
+    from elmo_jax.data.batches import LMBatcher
+    from elmo_jax.data.text_source import LocalTextSource
+    from elmo_jax.data.vocab import Vocabulary
+
+    tmp = args.tmp or tempfile.mkdtemp(prefix="elmo_data_bench_")
+    os.makedirs(tmp, exist_ok=True)
+    results: dict = {"args": vars(args), "cpus": os.cpu_count(), "load_before": os.getloadavg()}
+    corpus = os.path.join(tmp, f"corpus_{args.sentences}.txt")
+    t = time.perf_counter()
+    results["corpus"] = write_corpus(corpus, args.sentences, args.types)
+    print(f"corpus: {results['corpus']} in {time.perf_counter() - t:.1f} s -> {corpus}", flush=True)
+
+    data_dir = os.path.join(tmp, f"tfds_{time.time_ns()}")  # always a fresh preparation
+    t = time.perf_counter()
+    source = LocalTextSource(corpus, data_dir)
+    prep = time.perf_counter() - t
+    results["prepare_s"] = prep
+    print(f"prepare: {prep:.1f} s ({1e6 * prep / args.sentences:.1f} us/sentence)", flush=True)
+
+    t = time.perf_counter()
+    if args.count_workers:
+        from elmo_jax.data.counting import count_tokens
+
+        vocab = Vocabulary.build(count_tokens(source, workers=args.count_workers))
+    else:
+        vocab = Vocabulary.build(source)
+    vocab_s = time.perf_counter() - t
+    results["vocab_s"] = vocab_s
+    print(f"vocabulary: {vocab_s:.1f} s ({len(vocab)} tokens, {1e6 * vocab_s / args.sentences:.1f} us/sentence)",
+          flush=True)
+
+    baseline = load_baseline(args.baseline) if args.baseline else None
+    rows = []
+    kinds = ([("baseline", None)] if baseline else []) + [("new", w) for w in map(int, args.workers.split(","))]
+    for B in [int(x) for x in args.batch_sizes.split(",") if x]:
+        for kind, workers in kinds:
+            def make(B=B, kind=kind, workers=workers):
+                if kind == "baseline":
+                    return baseline.LMBatcher(source, vocab, B, args.unroll)
+                return LMBatcher(source, vocab, B, args.unroll, workers=workers)
+
+            speeds, cpu_speeds, rss = [], [], []
+            for _ in range(args.repeats):
+                s, c, r = batches_per_second(make, B, args.unroll, args.seconds)
+                speeds.append(s)
+                cpu_speeds.append(c)
+                rss += r
+            label = f"{args.baseline} (before)" if kind == "baseline" else f"workers={workers}"
+            row = {"B": B, "impl": label, "positions_per_s_dir": statistics.median(speeds), "all": speeds,
+                   "positions_per_cpu_s_dir": statistics.median(cpu_speeds),
+                   "worker_peak_rss_mib": max(rss) if rss else None, "load": os.getloadavg()}
+            rows.append(row)
+            print(f"B={B:5d} {label:18s} {row['positions_per_s_dir']:>12,.0f} positions/s per direction "
+                  f"(runs {', '.join(f'{x:,.0f}' for x in speeds)})"
+                  + (f"; {row['positions_per_cpu_s_dir']:,.0f} per CPU-second of this process"
+                     if workers in (None, 0) else "")
+                  + (f", worker peak RSS {row['worker_peak_rss_mib']:.0f} MiB" if rss else "")
+                  + f", load {row['load'][0]:.1f}", flush=True)
+    results["batches"] = rows
+
+    waits = []
+    for kind, workers in kinds:
+        for step_ms in [float(x) for x in args.step_ms.split(",") if x]:
+            def make(kind=kind, workers=workers):
+                if kind == "baseline":
+                    return baseline.LMBatcher(source, vocab, args.wait_batch, args.unroll)
+                return LMBatcher(source, vocab, args.wait_batch, args.unroll, workers=workers)
+
+            steps = 30 if step_ms else 60
+            fracs = [waiting_fraction(make, step_ms / 1000, steps) for _ in range(args.repeats)]
+            label = f"{args.baseline} (before)" if kind == "baseline" else f"workers={workers}"
+            waits.append({"impl": label, "B": args.wait_batch, "step_ms": step_ms,
+                          "wait_fraction": statistics.median(fracs), "all": fracs})
+            print(f"wait B={args.wait_batch} step {step_ms:4.0f} ms {label:18s} "
+                  f"{100 * statistics.median(fracs):5.1f} % of the loop time in next()", flush=True)
+    results["waiting"] = waits
+    results["main_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    results["load_after"] = os.getloadavg()
+    print(f"main process peak RSS {results['main_peak_rss_mib']:.0f} MiB; load {results['load_after']}")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
