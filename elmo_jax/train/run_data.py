@@ -25,6 +25,7 @@ import jax
 
 from elmo_jax.atomic import atomic_path, write_json
 from elmo_jax.data.text_source import lm1b_extracted_files, make_source
+from elmo_jax.data.counting import count_tokens
 from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.train import distributed
 from elmo_jax.train.config_loader import TrainConfig
@@ -155,7 +156,8 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
     if not os.path.exists(vocab_path):
         if process_index == 0:
             log(f"building the vocabulary from {len(train)} training sentences")
-            vocab = Vocabulary.build(train, max_size=cfg.vocab_size, min_count=cfg.vocab_min_count)
+            counts = count_tokens(train, workers=cfg.data_workers)  # data_workers processes
+            vocab = Vocabulary.build(counts, max_size=cfg.vocab_size, min_count=cfg.vocab_min_count)
             with atomic_path(vocab_path) as tmp:  # vocab.txt appears only with its record
                 vocab.save(tmp)
                 write_json(source_path, {"built_for": wanted, "sha256": _sha256(tmp)})
