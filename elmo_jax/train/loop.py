@@ -32,6 +32,7 @@ a checkpoint.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from typing import Any, Callable
@@ -75,11 +76,13 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
     is_main = jax.process_index() == 0
     with tidy_failed_start(workdir, is_main):
         check_writable(workdir)
-        with hold_workdir(workdir, is_main):
-            return _train(cfg, workdir, progress, log, is_main)
+        with hold_workdir(workdir, is_main), contextlib.ExitStack() as closing:
+            return _train(cfg, workdir, progress, log, is_main, closing)
 
 
-def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], None] | None, is_main: bool) -> dict:
+def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], None] | None, is_main: bool,
+           closing: contextlib.ExitStack) -> dict:
+    """The run; ``closing`` stops what it starts (data workers) however it ends."""
     # -- build: folder, config, data, step function ----------------------------------------
     if log is None:
         log = (lambda msg: print(msg, flush=True)) if is_main else (lambda msg: None)
@@ -110,6 +113,7 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
         remat_steps=cfg.remat_steps,
     ))
     batcher = make_batcher(data, cfg, model_config, local_batch)
+    closing.callback(getattr(batcher, "close", lambda: None))  # its data workers (a test's stand-in has none)
     steps_per_epoch = batcher.steps_per_epoch
     total_steps = steps_per_epoch * cfg.epochs
     if cfg.max_steps is not None:
@@ -199,7 +203,6 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
                     summary.update(step=step, interrupted=stop.signal, checkpoint=ckpts.path(step))
                     return summary
     finally:
-        getattr(batcher, "close", lambda: None)()  # stops the data workers (a test's stand-in has none)
         bar.close()
         writer.close()
         ckpts.close()
