@@ -486,6 +486,9 @@ def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int)
         if n_sentences == 0:
             raise ValueError("empty corpus: no non-blank line in " + ", ".join(files))
         kept = [(part, r) for part, r in zip(parts, results) if r["num_sentences"]]
+        for part, r in zip(parts, results):
+            if not r["num_sentences"]:  # a range of blank lines: no shard
+                os.remove(part)
         template = tfds.core.naming.ShardedFileTemplate(
             data_dir=tmp, dataset_name=builder.name, split="train", filetype_suffix="array_record")
         for index, (part, _) in enumerate(kept):
