@@ -386,7 +386,8 @@ def prepare_local_text(
     """Prepare local text files into ArrayRecord once; return ``(builder, info)``.
 
     ``info`` holds ``files``, ``num_sentences``, ``num_tokens``, ``content_sha256`` and
-    ``prepared_now`` (False when earlier prepared data was reused).  Process 0 prepares and
+    ``prepared_now`` (False when earlier prepared data was reused); after a preparation in
+    workers also ``worker_cpu_s``, their CPU time.  Process 0 prepares and
     then writes a completion marker; other processes wait (up to ``wait_timeout_s``) for
     that marker.
 
@@ -430,10 +431,10 @@ def prepare_local_text(
         return builder, info
 
     if workers > 0 and not os.path.isdir(builder.data_dir):
-        _prepare_in_parallel(builder, files, workers)
+        worker_cpu_s = _prepare_in_parallel(builder, files, workers)
         builder = ElmoLocalText(config=config, data_dir=data_dir, file_format="array_record")
         info = read_marker()
-        return builder, {**info, "prepared_now": True}
+        return builder, {**info, "prepared_now": True, "worker_cpu_s": worker_cpu_s}
     builder.download_and_prepare()
     stats = getattr(builder, "elmo_stats", None)
     if stats is None:  # prepared earlier by a run that died before writing its marker
@@ -448,11 +449,11 @@ def _write_marker(marker: str, info: dict) -> None:
     write_json(marker, info, indent=1)  # atomic: waiters never see a half-written marker
 
 
-def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int) -> None:
+def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int) -> float:
     """Write the prepared dataset of ``files`` with ``workers`` processes: shards, TFDS's
     ``dataset_info.json`` / ``features.json`` and the completion marker go to a temporary
     folder beside ``builder.data_dir``, which is renamed to it at the end (so an interrupted
-    or failed preparation leaves no dataset folder, only an ``incomplete.*`` one)."""
+    or failed preparation leaves no dataset folder).  Returns the workers' CPU seconds."""
     from concurrent.futures import ProcessPoolExecutor
     import shutil
     import tempfile
@@ -501,6 +502,7 @@ def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int)
                  "content_sha256": digest.hexdigest()}
         _write_marker(os.path.join(tmp, _READY_MARKER), {"files": files, **stats})
         os.rename(tmp, final)  # the dataset appears whole, marker included
+        return sum(r["cpu_s"] for r in results)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -537,7 +539,8 @@ class LocalTextSource(_TfdsTextSource):
             self.info["content_sha256"] = ContentDigest.of(self)
             marker = os.path.join(self.builder.data_dir, _READY_MARKER)
             try:  # best effort: prepared data may live in a read-only folder
-                _write_marker(marker, {k: v for k, v in self.info.items() if k != "prepared_now"})
+                _write_marker(marker, {k: v for k, v in self.info.items()
+                                       if k not in ("prepared_now", "worker_cpu_s")})
             except OSError:
                 pass
         return "sha256:" + self.info["content_sha256"]
