@@ -12,7 +12,9 @@ Sources
   into ArrayRecord through a TFDS builder (:class:`ElmoLocalText`) under ``data_dir`` and
   read back with ``as_data_source``.  The builder config name is a hash of the files'
   paths, sizes and modification times, so a second call with the same files reuses the
-  prepared data and different inputs never collide.  In a multi-process job only
+  prepared data and different inputs never collide.  With ``workers >= 1`` byte ranges of
+  the files are prepared in parallel processes that write the ArrayRecord shards and TFDS's
+  metadata directly (:mod:`elmo_jax.data.text_shards`; the same dataset, read the same way).  In a multi-process job only
   ``process_index == 0`` prepares; the others wait for its completion marker.
 * **TFDS lm1b** (:class:`Lm1bSource`): ``tfds.data_source('lm1b', split=..., data_dir=...)``
   over the already prepared ArrayRecord files.  Getting them: the ``lm1b`` builder downloads
