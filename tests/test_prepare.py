@@ -214,3 +214,18 @@ def test_the_run_prepares_with_data_workers(tmp_path):
     with pytest.raises(Stop):
         prepare_data(cfg, str(tmp_path / "run"), lambda _: None, open_source=open_source)
     assert seen == [("train", 3), ("test", 3)]
+
+
+def _killed(path, start, stop, shard_path):
+    """A worker that dies as a kill -9 would leave it (run in the worker process)."""
+    import signal
+
+    Path(shard_path).write_bytes(b"partial")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_killed_worker_leaves_no_dataset(corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(ts, "write_range", _killed)
+    with pytest.raises(Exception, match="terminated abruptly"):
+        _parallel(corpus, tmp_path / "tfds", monkeypatch)
+    _no_dataset(tmp_path / "tfds")
