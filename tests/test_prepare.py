@@ -88,7 +88,7 @@ def test_byte_ranges_cover_the_files_in_order():
         assert mine[0][0] == 0 and mine[-1][1] == size
         assert all(b1 == a2 for (_, b1), (a2, _) in zip(mine, mine[1:]))
     assert [j for j, _, _ in ranges] == sorted(j for j, _, _ in ranges)
-    assert max(b - a for _, a, b in ranges) <= 64 << 20
+    assert max(b - a for _, a, b in ranges) <= 16 << 20
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +132,7 @@ def test_parallel_preparation_is_the_one_process_dataset(corpus, one_process, tm
     assert sorted(set(os.listdir(folder)) - set(shards)) == \
         ["dataset_info.json", "elmo_jax_ready.json", "features.json"]
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]
+    assert folder.stat().st_mode & 0o777 == Path(one_process.builder.data_dir).stat().st_mode & 0o777
     # TFDS reads it from its own metadata alone.
     builder = tfds.builder_from_directory(str(folder))
     assert builder.info.splits["train"].num_examples == len(src)

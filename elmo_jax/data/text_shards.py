@@ -25,7 +25,7 @@ from elmo_jax.textio import UTF8_BOM, decode_line
 
 __all__ = ["byte_ranges", "text_example", "write_range"]
 
-_CHUNK_MAX = 64 << 20  # bytes of text per range at most: bounds what a worker returns
+_CHUNK_MAX = 16 << 20  # bytes of text per range at most: bounds a worker's memory and what it returns
 _CHUNK_MIN = 1 << 20
 
 
@@ -65,7 +65,7 @@ def text_example(text: bytes) -> bytes:
 
 def byte_ranges(sizes: Sequence[int], workers: int) -> list[tuple[int, int, int]]:
     """``(file_index, start, stop)`` byte ranges covering files of ``sizes`` bytes, in file
-    order: about four ranges per worker, each 1-64 MiB (a smaller file is one range)."""
+    order: about four ranges per worker, each 1-16 MiB (a smaller file is one range)."""
     total = sum(sizes)
     chunk = min(_CHUNK_MAX, max(_CHUNK_MIN, -(-total // max(1, 4 * workers))))
     ranges = []

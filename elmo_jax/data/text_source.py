@@ -48,7 +48,7 @@ from typing import Protocol, runtime_checkable
 import tensorflow_datasets as tfds
 
 from elmo_jax.errors import ElmoError
-from elmo_jax.atomic import write_json
+from elmo_jax.atomic import new_mode, write_json
 from elmo_jax.chars import tokenize
 from elmo_jax.data.text_shards import byte_ranges, write_range
 from elmo_jax.textio import decode_line
@@ -467,13 +467,14 @@ def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(prefix="incomplete.elmo_", suffix="_" + os.path.basename(final), dir=parent)
     try:
+        os.chmod(tmp, new_mode(folder=True))  # a new folder's mode, not mkdtemp's 0o700
         ranges = byte_ranges([os.path.getsize(p) for p in files], workers)
         parts = [os.path.join(tmp, f"part-{k:05d}") for k in range(len(ranges))]
         digest = ContentDigest()
         results = []
         with ProcessPoolExecutor(min(workers, len(ranges)), mp_context=_context()) as pool:
             pending = []
-            window = 2 * workers  # ranges in flight: bounds the content held here
+            window = workers + 2  # ranges in flight: bounds the content held here
             try:
                 for k, (i, a, b) in enumerate(ranges):
                     pending.append(pool.submit(write_range, files[i], a, b, parts[k]))
