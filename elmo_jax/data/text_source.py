@@ -41,8 +41,11 @@ import glob as globlib
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from typing import Protocol, runtime_checkable
 
 import tensorflow_datasets as tfds
@@ -456,11 +459,7 @@ def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int)
     ``dataset_info.json`` / ``features.json`` and the completion marker go to a temporary
     folder beside ``builder.data_dir``, which is renamed to it at the end (so an interrupted
     or failed preparation leaves no dataset folder).  Returns the workers' CPU seconds."""
-    from concurrent.futures import ProcessPoolExecutor
-    import shutil
-    import tempfile
-
-    from elmo_jax.data.prefetch import _context
+    from elmo_jax.data.prefetch import _context  # the worker processes' start method
 
     final = builder.data_dir
     parent = os.path.dirname(final)
