@@ -8,7 +8,9 @@ per worker count, time the training loop waits for data, peak memory per worker.
 The corpus is generated: lm1b-like sentence lengths (mean ~28 words, gamma-distributed),
 words drawn from a Zipf law (exponent 1.2) over ``--types`` word forms, written as one
 tokenized sentence per line.  It is then prepared into ArrayRecord exactly as training does
-(:class:`elmo_jax.data.text_source.LocalTextSource`), the vocabulary is built from it
+(:class:`elmo_jax.data.text_source.LocalTextSource`, afresh per ``--prepare-workers`` count and
+repeat: 0 is the TFDS builder in one process, N >= 1 byte ranges in N processes writing the
+shards directly; wall and CPU seconds, the workers' included), the vocabulary is built from it
 (:meth:`Vocabulary.build`, or :func:`elmo_jax.data.counting.count_tokens` with
 ``--count-workers``), and batches are drawn from the prepared source.
 
@@ -137,6 +139,43 @@ def waiting_fraction(make, step_s: float, steps: int) -> float:
     return waited / total
 
 
+def measure_prepare(open_text, corpus: str, tmp: str, args) -> tuple:
+    """Prepare ``corpus`` afresh ``args.repeats`` times per worker count of
+    ``args.prepare_workers`` (interleaved, so that load changes hit every count alike);
+    wall and CPU seconds (this process + the workers), medians.  Returns the source
+    prepared with the first count and the rows."""
+    counts = [int(w) for w in args.prepare_workers.split(",") if w]
+    runs = {w: [] for w in counts}
+    source = None
+    for _ in range(args.repeats):
+        for w in counts:
+            data_dir = os.path.join(tmp, f"tfds_{time.time_ns()}")  # always a fresh preparation
+            t, c = time.perf_counter(), time.process_time()
+            src = open_text(corpus, data_dir, workers=w)
+            wall = time.perf_counter() - t
+            cpu = time.process_time() - c + src.info.get("worker_cpu_s", 0.0)
+            runs[w].append((wall, cpu, os.getloadavg()[0]))
+            if source is None and w == counts[0]:
+                source = src
+            print(f"prepare workers={w}: {wall:.2f} s wall, {cpu:.2f} CPU-s "
+                  f"({1e6 * wall / args.sentences:.1f} us/sentence), load {os.getloadavg()[0]:.1f}", flush=True)
+    rows = []
+    base = statistics.median(r[0] for r in runs[counts[0]])
+    base_cpu = statistics.median(r[1] for r in runs[counts[0]])
+    for w in counts:
+        wall = statistics.median(r[0] for r in runs[w])
+        cpu = statistics.median(r[1] for r in runs[w])
+        rows.append({"workers": w, "wall_s": wall, "cpu_s": cpu, "all_wall_s": [r[0] for r in runs[w]],
+                     "us_per_sentence": 1e6 * wall / args.sentences,
+                     "cpu_us_per_sentence": 1e6 * cpu / args.sentences,
+                     "speedup": base / wall, "cpu_speedup": base_cpu / cpu, "loads": [r[2] for r in runs[w]]})
+        print(f"prepare workers={w}: median {wall:.2f} s ({rows[-1]['us_per_sentence']:.1f} us/sentence, "
+              f"{base / wall:.2f}x workers={counts[0]}); {cpu:.2f} CPU-s "
+              f"({rows[-1]['cpu_us_per_sentence']:.1f} CPU-us/sentence, {base_cpu / cpu:.2f}x less CPU); "
+              f"runs {', '.join(f'{r[0]:.2f}' for r in runs[w])}", flush=True)
+    return source, rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sentences", type=int, default=100_000)
@@ -146,6 +185,8 @@ def main(argv=None) -> int:
     p.add_argument("--unroll", type=int, default=20)
     p.add_argument("--seconds", type=float, default=3.0, help="per batches/s measurement")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prepare-workers", default="0,1,2",
+                   help="worker counts preparing the corpus (0: the TFDS builder in this process)")
     p.add_argument("--count-workers", type=int, default=0, help="processes counting the vocabulary (0: in process)")
     p.add_argument("--step-ms", default="0,5,23", help="simulated step times for the waiting measurement")
     p.add_argument("--wait-batch", type=int, default=1024)
@@ -166,12 +207,7 @@ def main(argv=None) -> int:
     results["corpus"] = write_corpus(corpus, args.sentences, args.types)
     print(f"corpus: {results['corpus']} in {time.perf_counter() - t:.1f} s -> {corpus}", flush=True)
 
-    data_dir = os.path.join(tmp, f"tfds_{time.time_ns()}")  # always a fresh preparation
-    t = time.perf_counter()
-    source = LocalTextSource(corpus, data_dir)
-    prep = time.perf_counter() - t
-    results["prepare_s"] = prep
-    print(f"prepare: {prep:.1f} s ({1e6 * prep / args.sentences:.1f} us/sentence)", flush=True)
+    source, results["prepare"] = measure_prepare(LocalTextSource, corpus, tmp, args)
 
     t = time.perf_counter()
     if args.count_workers:

@@ -12,7 +12,9 @@ Sources
   into ArrayRecord through a TFDS builder (:class:`ElmoLocalText`) under ``data_dir`` and
   read back with ``as_data_source``.  The builder config name is a hash of the files'
   paths, sizes and modification times, so a second call with the same files reuses the
-  prepared data and different inputs never collide.  In a multi-process job only
+  prepared data and different inputs never collide.  With ``workers >= 1`` byte ranges of
+  the files are prepared in parallel processes that write the ArrayRecord shards and TFDS's
+  metadata directly (:mod:`elmo_jax.data.text_shards`; the same dataset, read the same way).  In a multi-process job only
   ``process_index == 0`` prepares; the others wait for its completion marker.
 * **TFDS lm1b** (:class:`Lm1bSource`): ``tfds.data_source('lm1b', split=..., data_dir=...)``
   over the already prepared ArrayRecord files.  Getting them: the ``lm1b`` builder downloads
@@ -39,15 +41,19 @@ import glob as globlib
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from typing import Protocol, runtime_checkable
 
 import tensorflow_datasets as tfds
 
 from elmo_jax.errors import ElmoError
-from elmo_jax.atomic import write_json
+from elmo_jax.atomic import new_mode, write_json
 from elmo_jax.chars import tokenize
+from elmo_jax.data.text_shards import byte_ranges, write_range
 from elmo_jax.textio import decode_line
 
 __all__ = [
@@ -90,6 +96,11 @@ class ContentDigest:
 
     def add(self, tokens: Sequence[str]) -> None:
         self._h.update((" ".join(tokens) + "\n").encode("utf-8", "surrogatepass"))
+
+    def add_text(self, data: bytes) -> None:
+        """Sentences already in the hashed form: tokens joined by spaces, each line ending
+        in a newline (what :func:`elmo_jax.data.text_shards.write_range` returns)."""
+        self._h.update(data)
 
     def hexdigest(self) -> str:
         return self._h.hexdigest()
@@ -375,12 +386,21 @@ def prepare_local_text(
     process_index: int = 0,
     wait_timeout_s: float = 6 * 3600.0,
     poll_s: float = 1.0,
+    workers: int = 0,
 ) -> tuple[ElmoLocalText, dict]:
     """Prepare local text files into ArrayRecord once; return ``(builder, info)``.
 
-    ``info`` holds ``files``, ``num_sentences``, ``num_tokens`` and ``prepared_now``
-    (False when earlier prepared data was reused).  Process 0 prepares and then writes
-    a completion marker; other processes wait (up to ``wait_timeout_s``) for that marker.
+    ``info`` holds ``files``, ``num_sentences``, ``num_tokens``, ``content_sha256`` and
+    ``prepared_now`` (False when earlier prepared data was reused); after a preparation in
+    workers also ``worker_cpu_s``, their CPU time.  Process 0 prepares and
+    then writes a completion marker; other processes wait (up to ``wait_timeout_s``) for
+    that marker.
+
+    ``workers=0`` prepares in this process through the TFDS builder; ``N >= 1`` reads byte
+    ranges of the files in ``N`` processes that write the ArrayRecord shards directly
+    (:mod:`elmo_jax.data.text_shards`): the same sentences in the same order, the same
+    counts and content digest, read back the same way.  Either way the dataset's folder
+    appears only when complete.
     """
     files = expand_files(files)
     data_dir = _default_data_dir(data_dir)
@@ -415,6 +435,11 @@ def prepare_local_text(
         info["prepared_now"] = False
         return builder, info
 
+    if workers > 0 and not os.path.isdir(builder.data_dir):
+        worker_cpu_s = _prepare_in_parallel(builder, files, workers)
+        builder = ElmoLocalText(config=config, data_dir=data_dir, file_format="array_record")
+        info = read_marker()
+        return builder, {**info, "prepared_now": True, "worker_cpu_s": worker_cpu_s}
     builder.download_and_prepare()
     stats = getattr(builder, "elmo_stats", None)
     if stats is None:  # prepared earlier by a run that died before writing its marker
@@ -429,6 +454,62 @@ def _write_marker(marker: str, info: dict) -> None:
     write_json(marker, info, indent=1)  # atomic: waiters never see a half-written marker
 
 
+def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int) -> float:
+    """Write the prepared dataset of ``files`` with ``workers`` processes: shards, TFDS's
+    ``dataset_info.json`` / ``features.json`` and the completion marker go to a temporary
+    folder beside ``builder.data_dir``, which is renamed to it at the end (so an interrupted
+    or failed preparation leaves no dataset folder).  Returns the workers' CPU seconds."""
+    from elmo_jax.data.prefetch import _context  # the worker processes' start method
+
+    final = builder.data_dir
+    parent = os.path.dirname(final)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="incomplete.elmo_", suffix="_" + os.path.basename(final), dir=parent)
+    try:
+        os.chmod(tmp, new_mode(folder=True))  # a new folder's mode, not mkdtemp's 0o700
+        ranges = byte_ranges([os.path.getsize(p) for p in files], workers)
+        parts = [os.path.join(tmp, f"part-{k:05d}") for k in range(len(ranges))]
+        digest = ContentDigest()
+        results = []
+        with ProcessPoolExecutor(min(workers, len(ranges)), mp_context=_context()) as pool:
+            pending = []
+            window = workers + 2  # ranges in flight: bounds the content held here
+            try:
+                for k, (i, a, b) in enumerate(ranges):
+                    pending.append(pool.submit(write_range, files[i], a, b, parts[k]))
+                    while len(pending) > window or (pending and k == len(ranges) - 1):
+                        result = pending.pop(0).result()
+                        digest.add_text(result.pop("content"))  # in range order: the file order
+                        results.append(result)
+            except BaseException:
+                for future in pending:
+                    future.cancel()
+                raise
+        n_sentences = sum(r["num_sentences"] for r in results)
+        if n_sentences == 0:
+            raise ValueError("empty corpus: no non-blank line in " + ", ".join(files))
+        kept = [(part, r) for part, r in zip(parts, results) if r["num_sentences"]]
+        for part, r in zip(parts, results):
+            if not r["num_sentences"]:  # a range of blank lines: no shard
+                os.remove(part)
+        template = tfds.core.naming.ShardedFileTemplate(
+            data_dir=tmp, dataset_name=builder.name, split="train", filetype_suffix="array_record")
+        for index, (part, _) in enumerate(kept):
+            os.replace(part, os.fspath(template.sharded_filepath(shard_index=index, num_shards=len(kept))))
+        builder.info.set_splits(tfds.core.SplitDict([tfds.core.SplitInfo(
+            name="train", shard_lengths=[r["num_sentences"] for _, r in kept],
+            num_bytes=sum(r["num_bytes"] for r in results))]))
+        builder.info.write_to_directory(tmp)
+        stats = {"num_sentences": n_sentences, "num_tokens": sum(r["num_tokens"] for r in results),
+                 "content_sha256": digest.hexdigest()}
+        _write_marker(os.path.join(tmp, _READY_MARKER), {"files": files, **stats})
+        os.rename(tmp, final)  # the dataset appears whole, marker included
+        return sum(r["cpu_s"] for r in results)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
 class LocalTextSource(_TfdsTextSource):
     """Local text files/globs, prepared once into ArrayRecord under ``data_dir``."""
 
@@ -439,9 +520,10 @@ class LocalTextSource(_TfdsTextSource):
         *,
         process_index: int = 0,
         wait_timeout_s: float = 6 * 3600.0,
+        workers: int = 0,
     ):
         builder, info = prepare_local_text(
-            files, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s
+            files, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s, workers=workers
         )
         self.builder = builder
         self.info = info
@@ -459,7 +541,8 @@ class LocalTextSource(_TfdsTextSource):
             self.info["content_sha256"] = ContentDigest.of(self)
             marker = os.path.join(self.builder.data_dir, _READY_MARKER)
             try:  # best effort: prepared data may live in a read-only folder
-                _write_marker(marker, {k: v for k, v in self.info.items() if k != "prepared_now"})
+                _write_marker(marker, {k: v for k, v in self.info.items()
+                                       if k not in ("prepared_now", "worker_cpu_s")})
             except OSError:
                 pass
         return "sha256:" + self.info["content_sha256"]
@@ -564,6 +647,7 @@ def make_source(
     *,
     process_index: int = 0,
     wait_timeout_s: float = 6 * 3600.0,
+    workers: int = 0,
 ) -> SentenceSource:
     """A sentence source from a spec string.
 
@@ -572,7 +656,8 @@ def make_source(
     * ``"text:PATHS"`` or plain ``PATHS`` -> local text; ``PATHS`` is a path, a glob, or a
       comma-separated list of them.  ``split`` is not used: the files are the split.
 
-    Local text is prepared into ``data_dir`` (TFDS default when None) by process 0 only.
+    Local text is prepared into ``data_dir`` (TFDS default when None) by process 0 only,
+    in ``workers`` processes (0: in this process; see :func:`prepare_local_text`).
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"empty data spec {spec!r}")
@@ -584,7 +669,9 @@ def make_source(
                          f"train split, evaluation its test split); see make_source for the others")
     if spec.startswith("lm1b-extracted:"):
         files = lm1b_extracted_files(spec[len("lm1b-extracted:"):], split)
-        return LocalTextSource(files, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s)
+        return LocalTextSource(files, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s,
+                               workers=workers)
     if spec.startswith("text:"):
         spec = spec[len("text:"):]
-    return LocalTextSource(spec, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s)
+    return LocalTextSource(spec, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s,
+                           workers=workers)

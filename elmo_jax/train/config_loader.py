@@ -84,6 +84,7 @@ class TrainConfig:
       data_workers: processes that read and encode training sentences while the step runs
         (a background thread assembles the batches); 0 builds each batch in the training
         thread.  Any value gives the same batches, and a run may resume with another value.
+        The same number of processes counts the vocabulary and prepares local text.
     Objective and optimiser
       num_negatives: sampled-softmax negatives per step; the full softmax is used when the
         vocabulary is not larger than this.

@@ -68,7 +68,7 @@ def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], may
     wait is bounded by ``ELMO_JAX_PREPARE_TIMEOUT_S`` (default 6 h) and ends at once if
     process 0 dies (the runtime's coordinator lives in process 0).
 
-    ``open_source(spec, split, data_dir, process_index=...)`` opens a source
+    ``open_source(spec, split, data_dir, process_index=..., workers=...)`` opens a source
     (:func:`elmo_jax.data.text_source.make_source`).
     """
     if not distributed.is_multiprocess():
@@ -135,12 +135,13 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
         train_spec, heldout_spec = cfg.data, cfg.heldout
         if heldout_spec is None:
             heldout_spec = default_heldout(cfg.data)
+    # Local text is prepared in data_workers processes (0: in this one).
     train = open_source(train_spec, "train", data_dir_for(train_spec, cfg.data_dir, workdir),
-                        process_index=process_index)
+                        process_index=process_index, workers=cfg.data_workers)
     heldout = None
     if heldout_spec:
         heldout = open_source(heldout_spec, "test", data_dir_for(heldout_spec, cfg.data_dir, workdir),
-                              process_index=process_index)
+                              process_index=process_index, workers=cfg.data_workers)
     else:
         log("no held-out set: no evaluation (set --config.heldout to a text file to evaluate)")
     vocab_path = os.path.join(workdir, "vocab.txt")
