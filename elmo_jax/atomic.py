@@ -88,3 +88,30 @@ def refuse_output_over_inputs(output: str | os.PathLike, inputs: Mapping[str, st
             raise OutputIsInputError(
                 f"the output {os.fspath(output)} is the {role}{spelled}; writing there would destroy it, "
                 f"whatever --overwrite says: choose another output path")
+
+
+def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> None:
+    """Put the complete folder ``new`` at ``target``: an existing ``target`` is moved aside
+    (one rename), ``new`` renamed into place, then the old one deleted.  An interruption
+    leaves a whole folder at ``target`` or beside it, never a mix of the two."""
+    import shutil
+
+    new, target = os.fspath(new), os.fspath(target)
+    old = f"{target}.old-{os.getpid()}"
+    if os.path.exists(target):
+        os.rename(target, old)
+    try:
+        os.replace(new, target)
+    except BaseException:
+        if os.path.exists(old) and not os.path.exists(target):
+            os.rename(old, target)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The hex SHA-256 of a file's bytes (read in blocks)."""
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()

@@ -56,7 +56,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from elmo_jax import __version__
-from elmo_jax.atomic import write_json
+from elmo_jax.atomic import file_sha256, write_json
 from elmo_jax.config import ElmoConfig
 from elmo_jax.errors import ElmoError
 from elmo_jax.weights import load_weights
@@ -275,11 +275,6 @@ def verify_entry(entry: str | os.PathLike, spec: str | None = None) -> dict:
                 f"it was modified or damaged; {redo}"
             )
     return manifest
-
-
-def file_sha256(path: str | os.PathLike) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
 
 
 # -- one file over HTTP -------------------------------------------------------------------

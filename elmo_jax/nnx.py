@@ -38,6 +38,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Sequence
 
 import jax
@@ -46,6 +47,7 @@ import numpy as np
 from flax import nnx
 
 from elmo_jax import chars
+from elmo_jax.atomic import replace_dir
 from elmo_jax.config import ElmoConfig
 from elmo_jax.embedder import Elmo, Sentence, row_bucket, time_bucket
 from elmo_jax.errors import ElmoError
@@ -239,6 +241,10 @@ def _frozen_layers(model: nnx.Module) -> dict[str, ElmoLayer]:
             if isinstance(m, ElmoLayer) and not m.trainable}
 
 
+# What save_params writes into its folder (orbax's layout); nothing else may be replaced.
+_SAVED_ENTRIES = {"meta", "params", "_CHECKPOINT_METADATA", "commit_success.txt"}
+
+
 def save_params(model: nnx.Module, directory: str | os.PathLike, *, overwrite: bool = False) -> None:
     """Write ``nnx.state(model, nnx.Param)`` to ``directory`` with orbax (atomically: a
     temporary folder renamed into place), plus a fingerprint of each frozen
@@ -247,12 +253,24 @@ def save_params(model: nnx.Module, directory: str | os.PathLike, *, overwrite: b
     import orbax.checkpoint as ocp
 
     directory = os.path.abspath(os.fspath(directory))
-    if os.path.exists(directory) and not overwrite:
-        raise FileExistsError(f"{directory} already exists; pass overwrite=True to replace it")
+    if os.path.exists(directory):
+        if not overwrite:
+            raise FileExistsError(f"{directory} already exists; pass overwrite=True to replace it")
+        others = sorted(set(os.listdir(directory)) - _SAVED_ENTRIES) if os.path.isdir(directory) else [directory]
+        if others:
+            raise FileExistsError(
+                f"{directory} holds files that save_params did not write ({', '.join(others)}); overwrite=True "
+                f"replaces the whole folder and would delete them: choose another folder")
     meta = {"frozen_elmo": {path: layer.fingerprint() for path, layer in _frozen_layers(model).items()}}
-    with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
-        ckpt.save(directory, args=ocp.args.Composite(params=ocp.args.StandardSave(nnx.state(model, nnx.Param)),
-                                                     meta=ocp.args.JsonSave(meta)), force=overwrite)
+    tmp = f"{directory}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
+            ckpt.save(tmp, args=ocp.args.Composite(params=ocp.args.StandardSave(nnx.state(model, nnx.Param)),
+                                                   meta=ocp.args.JsonSave(meta)))
+        replace_dir(tmp, directory)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def restore_params(model: nnx.Module, directory: str | os.PathLike) -> None:

@@ -311,6 +311,16 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_one_resume
         [reference_run[2][s] for s in (4, 5, 6)], abs=1e-6)
 
 
+def test_a_killed_saves_temporary_folder_is_removed_at_the_next_start(reference_run, tmp_path):
+    """5. What a save killed mid-write left (orbax's temporary folder) is gone after the next start."""
+    from elmo_jax.train.loop import train
+
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=3)
+    (work / "checkpoints" / "5.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
+    assert train(cfg.replace(max_steps=4), str(work), progress=False)["start_step"] == 3
+    assert sorted(p.name for p in (work / "checkpoints").iterdir()) == ["3", "4"]
+
+
 def test_a_real_full_disk_on_a_small_tmpfs(reference_run, tmp_path):
     """5. The same on a real 1 MiB tmpfs (needs permission to mount one; skipped otherwise)."""
     import shutil

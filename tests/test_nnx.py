@@ -2,6 +2,7 @@
 touches, trainable mixes, bounded compiles, the Linen bridge, task-model checkpoints."""
 
 import importlib.util
+import os
 
 import jax
 import jax.numpy as jnp
@@ -251,6 +252,13 @@ def test_task_model_save_restore_round_trip(elmo, inputs, tmp_path):
     save_params(model, tmp_path / "ckpt")
     with pytest.raises(FileExistsError, match="overwrite=True"):
         save_params(model, tmp_path / "ckpt")
+    save_params(model, tmp_path / "ckpt", overwrite=True)  # its own folder: replaced whole
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]  # no temporary or old folder left
+    # A folder holding anything else (here the biLM's own files) is never replaced.
+    elmo.save(tmp_path / "model")
+    with pytest.raises(FileExistsError, match="options.json, weights.hdf5"):
+        save_params(model, tmp_path / "model", overwrite=True)
+    assert sorted(os.listdir(tmp_path / "model")) == ["options.json", "weights.hdf5"]
 
     fresh = Tagger(elmo, 3, rngs=nnx.Rngs(42))
     fresh.eval()

@@ -9,6 +9,7 @@ import tensorflow_datasets as tfds
 
 from elmo_jax.data import text_shards
 from elmo_jax.data import text_source as ts
+from elmo_jax.data.prefetch import DataWorkerError
 from elmo_jax.textio import TextEncodingError
 
 # Every hard case of line splitting: a byte-order mark, blank and whitespace-only lines,
@@ -227,6 +228,28 @@ def _killed(path, start, stop, shard_path):
 
 def test_a_killed_worker_leaves_no_dataset(corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(ts, "write_range", _killed)
-    with pytest.raises(Exception, match="terminated abruptly"):
+    with pytest.raises(DataWorkerError, match="worker process died .*terminated abruptly"):
         _parallel(corpus, tmp_path / "tfds", monkeypatch)
     _no_dataset(tmp_path / "tfds")
+
+
+def test_what_a_killed_preparation_left_is_removed_by_the_next(corpus, tmp_path, monkeypatch):
+    """A preparation killed by a signal cleans nothing up itself: its folder (named by host
+    and pid) is removed by the next preparation on the host once that pid is gone."""
+    import shutil
+    import socket
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    final = Path(_parallel(corpus, tmp_path / "tfds", monkeypatch).builder.data_dir)
+    shutil.rmtree(final)  # so that the next call prepares again
+    host = socket.gethostname().replace("_", "-")
+    stale = final.parent / f"incomplete.elmo_{host}_{dead}_abc_{final.name}"
+    (stale / "part-00000").parent.mkdir(parents=True)
+    (stale / "part-00000").write_bytes(b"x" * 100)
+    alive = final.parent / f"incomplete.elmo_{host}_{os.getpid()}_abc_{final.name}"  # a running one's: kept
+    alive.mkdir()
+    assert _parallel(corpus, tmp_path / "tfds", monkeypatch).prepared_now
+    assert not stale.exists() and alive.exists()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 __all__ = ["count_tokens"]
 
@@ -34,7 +35,7 @@ def count_tokens(source, workers: int = 0) -> Counter:
     n = len(source)
     if workers <= 0 or n < 2 * _READ:
         return _count_range(source, 0, n)
-    from elmo_jax.data.prefetch import _context
+    from elmo_jax.data.prefetch import DataWorkerError, _context
 
     parts = min(workers, -(-n // _READ))
     bounds = [n * i // parts for i in range(parts + 1)]
@@ -42,5 +43,9 @@ def count_tokens(source, workers: int = 0) -> Counter:
         futures = [pool.submit(_count_range, source, a, b) for a, b in zip(bounds, bounds[1:])]
         total: Counter = Counter()
         for future in futures:  # in range order: first occurrences stay first
-            total.update(future.result())
+            try:
+                total.update(future.result())
+            except BrokenProcessPool as e:
+                raise DataWorkerError(f"a token counting worker process died ({e}). Out of memory? Try fewer "
+                                      f"data_workers") from None
     return total

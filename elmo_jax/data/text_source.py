@@ -42,10 +42,12 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from typing import Protocol, runtime_checkable
 
 import tensorflow_datasets as tfds
@@ -459,12 +461,20 @@ def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int)
     ``dataset_info.json`` / ``features.json`` and the completion marker go to a temporary
     folder beside ``builder.data_dir``, which is renamed to it at the end (so an interrupted
     or failed preparation leaves no dataset folder).  Returns the workers' CPU seconds."""
-    from elmo_jax.data.prefetch import _context  # the worker processes' start method
+    from elmo_jax.data.prefetch import DataWorkerError, _context, _process_alive
 
     final = builder.data_dir
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix="incomplete.elmo_", suffix="_" + os.path.basename(final), dir=parent)
+    # Named by host and pid, so that what a killed preparation left (a signal ends it before
+    # any cleanup) is recognised and removed by the next one on this host.
+    host = socket.gethostname().replace("_", "-")
+    for stale in globlib.glob(os.path.join(parent, f"incomplete.elmo_{globlib.escape(host)}_*")):
+        pid = os.path.basename(stale).split("_")[2]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = tempfile.mkdtemp(prefix=f"incomplete.elmo_{host}_{os.getpid()}_", suffix="_" + os.path.basename(final),
+                           dir=parent)
     try:
         os.chmod(tmp, new_mode(folder=True))  # a new folder's mode, not mkdtemp's 0o700
         ranges = byte_ranges([os.path.getsize(p) for p in files], workers)
@@ -478,7 +488,11 @@ def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int)
                 for k, (i, a, b) in enumerate(ranges):
                     pending.append(pool.submit(write_range, files[i], a, b, parts[k]))
                     while len(pending) > window or (pending and k == len(ranges) - 1):
-                        result = pending.pop(0).result()
+                        try:
+                            result = pending.pop(0).result()
+                        except BrokenProcessPool as e:
+                            raise DataWorkerError(f"a text preparation worker process died ({e}); nothing "
+                                                  f"was prepared. Out of memory? Try fewer data_workers") from None
                         digest.add_text(result.pop("content"))  # in range order: the file order
                         results.append(result)
             except BaseException:
@@ -503,7 +517,12 @@ def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int)
         stats = {"num_sentences": n_sentences, "num_tokens": sum(r["num_tokens"] for r in results),
                  "content_sha256": digest.hexdigest()}
         _write_marker(os.path.join(tmp, _READY_MARKER), {"files": files, **stats})
-        os.rename(tmp, final)  # the dataset appears whole, marker included
+        try:
+            os.rename(tmp, final)  # the dataset appears whole, marker included
+        except OSError:
+            if not os.path.exists(os.path.join(final, _READY_MARKER)):
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another run prepared the same text meanwhile
         return sum(r["cpu_s"] for r in results)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -85,6 +85,15 @@ def is_disk_full(e: BaseException) -> bool:
     return False
 
 
+def _is_access_failure(e: BaseException) -> bool:
+    """A read that failed for a reason outside the checkpoint (permissions, an I/O or
+    network-filesystem error, memory): not damage, so nothing may be moved aside for it."""
+    for x in _chain(e):
+        if isinstance(x, MemoryError) or (isinstance(x, OSError) and x.errno not in (None, errno.ENOENT)):
+            return True
+    return False
+
+
 def _reason(e: BaseException) -> str:
     """The first line of the innermost message that says something (orbax wraps errors)."""
     for x in reversed(_chain(e)):
@@ -141,7 +150,8 @@ class Checkpoints:
         self.directory = os.path.join(self.workdir, "checkpoints")
         self._manager = ocp.CheckpointManager(
             self.directory,
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create),
+            # The writer (create=True, under the workdir lock) removes what a killed save left.
+            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create, cleanup_tmp_directories=create),
         )
         self._logs = _HeldLogs()
         for name in _STORAGE_LOGGERS:
@@ -175,6 +185,8 @@ class Checkpoints:
         try:
             out = self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
         except Exception as e:  # missing or unreadable record: nothing else to read it from
+            if _is_access_failure(e):
+                raise
             raise DamagedCheckpointError(step, self.path(step), f"its record cannot be read: {_reason(e)}") from None
         if not isinstance(out.get("meta"), dict):
             raise DamagedCheckpointError(step, self.path(step), "its record is empty")
@@ -201,6 +213,13 @@ class Checkpoints:
                 args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()),
             )
         except Exception as e:
+            if _is_access_failure(e):
+                raise
+            if jax.process_count() > 1:  # telling damage apart would take barriers a failed process misses
+                raise CheckpointError(
+                    f"checkpoint {self.path(step)} could not be restored by process {jax.process_index()}: "
+                    f"{_reason(e)}. If it is damaged, move it out of {self.directory} (e.g. to "
+                    f"{os.path.join(self.workdir, DAMAGED_FOLDER)}) and start the job again") from None
             damage = self._damage(step)
             if damage is not None:
                 raise DamagedCheckpointError(step, self.path(step), damage) from None
@@ -230,6 +249,8 @@ class Checkpoints:
                 has_shape = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")  # noqa: E731
                 reader.restore(state_dir, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree, is_leaf=has_shape))
         except Exception as e:
+            if _is_access_failure(e):
+                raise
             return f"its arrays cannot be read: {_reason(e)}"
         return None
 

@@ -23,6 +23,7 @@ import h5py
 import jax
 import numpy as np
 
+from elmo_jax.atomic import replace_dir
 from elmo_jax.config import ElmoConfig
 from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.embedder import OPTIONS_FILE, WEIGHTS_FILE
@@ -124,18 +125,7 @@ def export(workdir: str | os.PathLike, out_dir: str | os.PathLike, step: int | N
         with h5py.File(os.path.join(tmp, SOFTMAX_FILE), "w") as f:
             f.create_dataset("softmax/W", data=np.asarray(loaded.params["softmax"]["w"], np.float32))
             f.create_dataset("softmax/b", data=np.asarray(loaded.params["softmax"]["b"], np.float32))
-        # The old export is moved aside (one rename), not deleted file by file before the
-        # new one is in place: an interruption leaves a whole folder at out_dir or beside it.
-        old = f"{out_dir}.old-{os.getpid()}"
-        if os.path.exists(out_dir):
-            os.rename(out_dir, old)
-        try:
-            os.replace(tmp, out_dir)
-        except BaseException:
-            if os.path.exists(old) and not os.path.exists(out_dir):
-                os.rename(old, out_dir)
-            raise
-        shutil.rmtree(old, ignore_errors=True)
+        replace_dir(tmp, out_dir)  # the old export moved aside, not deleted file by file
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return {"step": loaded.step, "files": sorted(os.listdir(out_dir))}

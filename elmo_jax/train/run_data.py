@@ -15,7 +15,6 @@ key-value store) that everything is complete, or that preparation failed, with i
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import os
 import time
@@ -23,7 +22,7 @@ from typing import Any, Callable
 
 import jax
 
-from elmo_jax.atomic import atomic_path, write_json
+from elmo_jax.atomic import atomic_path, file_sha256, write_json
 from elmo_jax.data.text_source import lm1b_extracted_files, make_source
 from elmo_jax.data.counting import count_tokens
 from elmo_jax.data.vocab import Vocabulary
@@ -161,7 +160,7 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
             vocab = Vocabulary.build(counts, max_size=cfg.vocab_size, min_count=cfg.vocab_min_count)
             with atomic_path(vocab_path) as tmp:  # vocab.txt appears only with its record
                 vocab.save(tmp)
-                write_json(source_path, {"built_for": wanted, "sha256": _sha256(tmp)})
+                write_json(source_path, {"built_for": wanted, "sha256": file_sha256(tmp)})
         else:
             _wait_for(vocab_path)
     vocab = Vocabulary.load(vocab_path)
@@ -216,7 +215,7 @@ def _read_vocab_source(source_path: str, vocab_path: str) -> dict | None:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise TrainingError(f"{source_path} is unreadable ({e}): delete it to use {vocab_path} as given, "
                             f"or delete both to rebuild the vocabulary") from None
-    return built_for if sha == _sha256(vocab_path) else None
+    return built_for if sha == file_sha256(vocab_path) else None
 
 
 def _stale(what: str, may_rebuild: bool, log: Callable[[str], None]) -> None:
@@ -225,14 +224,6 @@ def _stale(what: str, may_rebuild: bool, log: Callable[[str], None]) -> None:
         raise TrainingError(f"{what}, and a checkpoint of this workdir was trained with it; "
                             f"use the run's settings or another --workdir")
     log(f"rebuilding: {what} (an earlier start that wrote no checkpoint)")
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _wait_for(path: str, timeout_s: float = 3600.0) -> None:

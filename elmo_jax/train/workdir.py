@@ -29,6 +29,7 @@ import fcntl
 import json
 import os
 import socket
+import tempfile
 import time
 from collections.abc import Iterator
 from typing import Any, Callable
@@ -72,9 +73,8 @@ def check_writable(workdir: str) -> None:
         raise TrainingError(f"workdir {workdir} is a file, not a folder; choose another --workdir")
     try:
         os.makedirs(workdir, exist_ok=True)
-        probe = os.path.join(workdir, f".write-test-{os.getpid()}")
-        with open(probe, "w") as f:
-            f.write("ok")
+        fd, probe = tempfile.mkstemp(dir=workdir, prefix=".write-test-")  # unique across hosts too
+        os.close(fd)
         os.remove(probe)
     except OSError as e:
         raise TrainingError(f"workdir {workdir} is not writable: {e}; choose another --workdir") from None
@@ -136,15 +136,20 @@ def tidy_failed_start(workdir: str, is_main: bool) -> Iterator[None]:
     before = {root for root, _, _ in os.walk(workdir)} if existed else set()
     try:
         yield
+    except WorkdirBusyError:
+        raise  # the folder is another run's: touch nothing
     except BaseException:
         if is_main:
-            for root, _, _ in sorted(os.walk(workdir, topdown=False), key=lambda w: -len(w[0])):
-                if root not in before and root != workdir and not os.listdir(root):
-                    os.rmdir(root)
-            if not existed and os.path.isdir(workdir) and set(os.listdir(workdir)) <= {LOCK_FILE}:
-                for name in os.listdir(workdir):
-                    os.remove(os.path.join(workdir, name))
-                os.rmdir(workdir)
+            try:
+                for root, _, _ in sorted(os.walk(workdir, topdown=False), key=lambda w: -len(w[0])):
+                    if root not in before and root != workdir and not os.listdir(root):
+                        os.rmdir(root)
+                if not existed and os.path.isdir(workdir) and set(os.listdir(workdir)) <= {LOCK_FILE}:
+                    for name in os.listdir(workdir):
+                        os.remove(os.path.join(workdir, name))
+                    os.rmdir(workdir)
+            except OSError:
+                pass  # tidying is best effort: the error that ended the start is what the user needs
         raise
 
 
@@ -185,25 +190,24 @@ def restore_newest(ckpts: Checkpoints, train_state: Any, lstm_state: Any, *, glo
                    mesh: jax.sharding.Mesh, log: Callable[[str], None]) -> tuple[int, Any, Any, dict] | None:
     """``(step, train_state, lstm_state, meta)`` of the newest checkpoint that restores, or
     None when there is none.  A damaged one is skipped with a log line saying why, and moved
-    aside (process 0) so that the next start does not try it again; if every checkpoint is
-    damaged the run stops rather than silently starting over."""
+    aside so that the next start does not try it again; if every checkpoint is damaged the
+    run stops rather than silently starting over.
+
+    Single-process runs only: in a multi-process job a process that cannot read a
+    checkpoint fails before the restore's barrier that the others wait in, so the job stops
+    with the message of :meth:`Checkpoints.restore` (move the checkpoint aside by hand)."""
     skipped = []
     for step in sorted(ckpts.all_steps(), reverse=True):
-        damage = None
         try:
-            restored = restore(ckpts, step, train_state, lstm_state, global_batch=global_batch,
-                               n_devices=n_devices, mesh=mesh, log=log)
+            return (step, *restore(ckpts, step, train_state, lstm_state, global_batch=global_batch,
+                                   n_devices=n_devices, mesh=mesh, log=log))
         except DamagedCheckpointError as e:
-            damage = e.reason
-        if not distributed.any_process(damage is not None):  # every process restored this one
-            return (step, *restored)
-        damage = damage or "another process of the job could not read it"
-        where = ckpts.move_aside(step) if jax.process_index() == 0 else "checkpoints-damaged/"
-        distributed.allgather_json(f"damaged/{step}", True)  # moved before anyone lists again
-        ckpts.reload()
-        log(f"skipping checkpoint {ckpts.path(step)}: it is damaged ({damage}); moved it to {where}, "
-            f"falling back to the one before")
-        skipped.append(step)
+            if distributed.is_multiprocess():
+                raise TrainingError(f"{e}; move it out of {ckpts.directory} and start the job again") from None
+            where = ckpts.move_aside(step)
+            log(f"skipping checkpoint {ckpts.path(step)}: it is damaged ({e.reason}); moved it to {where}, "
+                f"falling back to the one before")
+            skipped.append(step)
     if skipped:
         raise TrainingError(
             f"no checkpoint of {ckpts.workdir} restores: all {len(skipped)} were damaged and were moved to "
