@@ -39,6 +39,7 @@ import optax
 
 from elmo_jax.data.synthetic import load_corpus, write_corpus
 from elmo_jax.embedder import Elmo
+from elmo_jax.errors import USER_ERRORS
 from elmo_jax.finetune import accuracy, init_tagger, pad_labels, pad_layers, train_tagger
 
 # Adam learning rates tried for each head; the best on the dev split is kept.
@@ -108,13 +109,17 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
 def run_stoppable(script: str, args: argparse.Namespace, body: Callable[[str], int]) -> int:
     """``body(workdir)``, where ``workdir`` is ``args.workdir`` or a temporary folder that is
     removed however the script ends.  Ctrl-C / SIGTERM stop it at once with one line on
-    stderr and exit status 130 / 143 (128 + the signal)."""
+    stderr and exit status 130 / 143 (128 + the signal); bad input (a missing or broken model
+    folder, ...) is one line and exit status 2, as on the command line (``USER_ERRORS``)."""
     with stop_on_sigterm():
         temporary = None
         try:
             if not args.workdir:
                 temporary = tempfile.mkdtemp(prefix=f"elmo-{script}-")
             return body(args.workdir or temporary)
+        except USER_ERRORS as e:
+            print(f"{script}: error: {e}", file=sys.stderr)
+            return 2
         except (Stopped, KeyboardInterrupt) as e:
             name = e.args[0] if isinstance(e, Stopped) and e.args else "SIGINT"
             after = (f"its temporary folder {temporary} was removed" if temporary else
@@ -190,11 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, workdir: str) -> int:
     """Steps (1)-(4) of the module docstring in ``workdir``."""
-    try:
-        elmo, corpus = model_and_corpus(args, workdir)
-    except (OSError, ValueError) as e:  # a missing or broken model folder: the message says which
-        print(f"finetune_heads: error: {e}", file=sys.stderr)
-        return 2
+    elmo, corpus = model_and_corpus(args, workdir)
     data = tagging_data(corpus, args.quick)
     start = time.perf_counter()
     splits = embedded(elmo, data)

@@ -103,11 +103,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def run(args: argparse.Namespace, workdir: str) -> int:
     """The frozen ELMo and corpus (in ``workdir``), the NNX tagger's training, and the comparison."""
-    try:
-        elmo, corpus = model_and_corpus(args, workdir)
-    except (OSError, ValueError) as e:  # a missing or broken model folder: the message says which
-        print(f"flax_tagger: error: {e}", file=sys.stderr)
-        return 2
+    elmo, corpus = model_and_corpus(args, workdir)
     data = tagging_data(corpus, args.quick)
     steps = args.steps or (40 if args.quick else 400)
     n_classes = len(data.classes)

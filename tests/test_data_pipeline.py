@@ -237,7 +237,7 @@ def test_parallel_counts_give_the_same_vocabulary_in_the_same_order():
 
 
 def test_sentences_are_read_from_the_raw_records_and_other_layouts_fall_back():
-    from elmo_jax.data.text_source import example_text
+    from elmo_jax.data.example_proto import example_text
 
     text = "ein Satz mit ünïcode".encode()
     bytes_list = b"\x0a" + bytes([len(text)]) + text

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import tensorflow_datasets as tfds
 
-from elmo_jax.data import text_shards
+from elmo_jax.data import example_proto, text_shards
 from elmo_jax.data import text_source as ts
 from elmo_jax.data.prefetch import DataWorkerError
 from elmo_jax.textio import TextEncodingError
@@ -44,9 +44,9 @@ def _ranges_content(path: Path, cuts: list[int], tmp: Path) -> tuple[bytes, int,
 def test_text_example_is_what_tfds_serializes():
     features = tfds.features.FeaturesDict({"text": tfds.features.Text()})
     for text in ["", "a", "x" * 127, "y" * 128, "é " * 100, "z" * 20_000, "q" * 2_100_000]:
-        record = text_shards.text_example(text.encode("utf-8"))
+        record = example_proto.text_example(text.encode("utf-8"))
         assert record == features.serialize_example({"text": text}), len(text)
-        assert ts.example_text(record) == text.encode("utf-8")
+        assert example_proto.example_text(record) == text.encode("utf-8")
 
 
 def test_every_cut_point_gives_the_lines_once_and_in_order(tmp_path):

@@ -5,7 +5,7 @@ The files are cut into byte ranges (:func:`byte_ranges`); a line belongs to the 
 which its first byte lies, so every line is read by exactly one range, whole, and the
 ranges in order give the lines in file order.  Each range is read by one worker process
 (:func:`write_range`), which writes its sentences, in order, as serialized
-``tf.train.Example`` records (:func:`text_example`, the bytes TFDS writes for the feature
+``tf.train.Example`` records (:func:`~elmo_jax.data.example_proto.text_example`, the bytes TFDS writes for the feature
 ``text``) into one ArrayRecord shard, and returns its counts and the sentences as the
 content digest hashes them.  The digest (:class:`~elmo_jax.data.text_source.ContentDigest`,
 one SHA-256 over all sentences in order) cannot be combined from per-range digests, so the
@@ -21,46 +21,13 @@ import re
 import time
 from collections.abc import Sequence
 
+from elmo_jax.data.example_proto import text_example
 from elmo_jax.textio import UTF8_BOM, decode_line
 
-__all__ = ["byte_ranges", "text_example", "write_range"]
+__all__ = ["byte_ranges", "write_range"]
 
 _CHUNK_MAX = 16 << 20  # bytes of text per range at most: bounds a worker's memory and what it returns
 _CHUNK_MIN = 1 << 20
-
-
-def _varint(n: int) -> bytes:
-    if n < 0x80:
-        return _BYTE[n]
-    out = bytearray()
-    while n >= 0x80:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-    return bytes(out)
-
-
-_BYTE = [bytes((n,)) for n in range(0x80)]
-
-
-def text_example(text: bytes) -> bytes:
-    """``tf.train.Example`` with the single bytes feature ``text``, serialized as TFDS
-    serializes ``{"text": ...}`` for a ``Text`` feature (the inverse of
-    :func:`elmo_jax.data.text_source.example_text`).
-
-    Example.features(1) -> Features.feature(1, map entry: key(1) = "text", value(2)) ->
-    Feature.bytes_list(1) -> BytesList.value(1); every field length-delimited (tag 0x0a for
-    field 1, 0x12 for field 2), nested from the inside out."""
-    n0 = len(text)
-    v0 = _varint(n0)
-    n1 = 1 + len(v0) + n0  # BytesList
-    v1 = _varint(n1)
-    n2 = 1 + len(v1) + n1  # Feature
-    v2 = _varint(n2)
-    n3 = 7 + len(v2) + n2  # map entry: key "text" (6 bytes), value
-    v3 = _varint(n3)
-    n4 = 1 + len(v3) + n3  # Features
-    return b"".join((b"\n", _varint(n4), b"\n", v3, b"\n\x04text\x12", v2, b"\n", v1, b"\n", v0, text))
 
 
 def byte_ranges(sizes: Sequence[int], workers: int) -> list[tuple[int, int, int]]:

@@ -55,6 +55,7 @@ import tensorflow_datasets as tfds
 from elmo_jax.errors import ElmoError
 from elmo_jax.atomic import new_mode, write_json
 from elmo_jax.chars import tokenize
+from elmo_jax.data.example_proto import example_text
 from elmo_jax.data.text_shards import byte_ranges, write_range
 from elmo_jax.textio import decode_line
 
@@ -141,66 +142,6 @@ class InMemorySource:
     def __iter__(self):
         for i in range(len(self)):
             yield self[i]
-
-
-def _len_field(buf: bytes, pos: int, end: int, number: int) -> tuple[int, int] | None:
-    """``(start, end)`` of the first length-delimited field ``number`` of the protobuf
-    message ``buf[pos:end]``; None if absent or not parseable."""
-    while pos < end:
-        key = shift = 0
-        while True:  # varint key
-            if pos >= end:
-                return None
-            b = buf[pos]
-            pos += 1
-            key |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                break
-        wire = key & 7
-        if wire == 2:
-            size = shift = 0
-            while True:
-                if pos >= end:
-                    return None
-                b = buf[pos]
-                pos += 1
-                size |= (b & 0x7F) << shift
-                shift += 7
-                if b < 0x80:
-                    break
-            if pos + size > end:
-                return None
-            if key >> 3 == number:
-                return pos, pos + size
-            pos += size
-        else:  # TFDS writes only length-delimited fields here; anything else: not ours
-            return None
-    return None
-
-
-def example_text(record: bytes) -> bytes | None:
-    """The ``text`` feature of a serialized ``tf.train.Example`` holding just that feature
-    (what TFDS writes for ``lm1b`` and :class:`ElmoLocalText`), read straight from the
-    protobuf bytes; None for any other layout (the caller then lets TFDS decode it).
-
-    Example.features(1) -> Features.feature(1, map entry: key(1) = "text", value(2)) ->
-    Feature.bytes_list(1) -> BytesList.value(1)."""
-    span = _len_field(record, 0, len(record), 1)
-    if span is None:
-        return None
-    entry = _len_field(record, span[0], span[1], 1)
-    if entry is None or entry[1] != span[1]:  # exactly one feature
-        return None
-    key = _len_field(record, entry[0], entry[1], 1)
-    if key is None or record[key[0]:key[1]] != b"text":
-        return None
-    for number in (2, 1, 1):  # map value -> bytes_list -> first value
-        found = _len_field(record, entry[0], entry[1], number)
-        if found is None:
-            return None
-        entry = found
-    return record[entry[0]:entry[1]]
 
 
 class _TfdsTextSource:
