@@ -148,6 +148,9 @@ def resolve_model(spec: str | os.PathLike, *, offline: bool | None = None, progr
     on stderr.  Raises :class:`OfflineError`, :class:`DownloadError`, :class:`ChecksumError`,
     or ``FileNotFoundError`` for a path that does not exist.
     """
+    if not str(spec).strip():  # Path("") would be the current folder
+        raise ValueError(f"no model given: name a model folder, a released model "
+                         f"({', '.join(RELEASED_MODELS)}) or an http(s):// URL")
     path = None if is_url(spec) else Path(spec)
     if path is not None and path.is_dir():  # a folder wins over a name: ./small over "small"
         return path
@@ -175,6 +178,8 @@ def model_source(spec: str, models_url: str = DEFAULT_MODELS_URL) -> ModelSource
         raise ValueError(f"{spec!r} is neither a released model ({', '.join(RELEASED_MODELS)}) "
                          f"nor an http(s):// URL")
     parts = urllib.parse.urlsplit(spec)
+    if not parts.hostname:
+        raise ValueError(f"{spec!r} is not a usable URL: it names no host (e.g. https://host/path/)")
     if parts.path.lower().endswith(ARCHIVE_SUFFIXES):
         return ModelSource(spec, _url_key(spec, parts.path), archive_url=spec)
     path = parts.path

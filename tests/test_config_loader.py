@@ -147,6 +147,8 @@ def test_invalid_values_in_a_file_name_the_file(tmp_path):
         ({"batch_size": 2.5}, "batch_size must be int, got float"),
         ({"max_steps": True}, "max_steps must be int or None, got bool"),
         ({"eval_every": -1}, "eval_every must be >= 0"),
+        ({"data_workers": -1}, "data_workers must be >= 0"),
+        ({"data_workers": 100_000}, "data_workers 100000 is more than 256: each is a process"),
         ({"data": ""}, "data must name a corpus source"),
         ({"data": "lm1b "}, "data 'lm1b ' has surrounding spaces; write 'lm1b'"),
         ({"learning_rate": float("inf")}, "learning_rate must be finite"),

@@ -206,6 +206,14 @@ def test_local_folders_are_returned_as_they_are(tmp_path, home, monkeypatch):
     with pytest.raises(FileNotFoundError, match="model folder not found"):
         Elmo.load(tmp_path / "smal")  # not a name: Elmo.load's own error, nothing fetched
     assert _entries(home) == []
+    # Neither an empty spec (Path("") would be the current folder) nor a URL without a host.
+    for spec in ("", "  "):
+        with pytest.raises(ValueError, match="no model given"):
+            hub.resolve_model(spec)
+    for spec in ("http://", "https:///models/x/"):
+        with pytest.raises(ValueError, match="names no host"):
+            hub.resolve_model(spec)
+    assert _entries(home) == []
 
 
 # -- downloads ----------------------------------------------------------------------------

@@ -52,6 +52,10 @@ PARALLEL_MODES = ("pmap", "mesh")
 DEFAULT_CONFIG = "configs/tiny.py"
 
 
+# A worker is a process: more than this is a typo, not a host (configs/original.py uses 4).
+MAX_DATA_WORKERS = 256
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """Everything a pretraining run needs besides the machine.
@@ -246,6 +250,9 @@ def _validate(cfg: TrainConfig) -> None:
         "vocab_size": (cfg.vocab_size, 4),  # <S>, </S>, <UNK> and at least one word
         "corpus_size": (cfg.corpus_size, 1),
     }
+    if cfg.data_workers is not None and cfg.data_workers > MAX_DATA_WORKERS:
+        raise ConfigError(f"data_workers {cfg.data_workers} is more than {MAX_DATA_WORKERS}: each is a process; "
+                          f"use about the number of host cores the step leaves free")
     for name, (value, low) in at_least.items():
         if value is not None and value < low:
             raise ConfigError(f"{name} must be >= {low}, got {value}")
