@@ -234,6 +234,15 @@ def test_two_real_training_processes_on_one_workdir(tmp_path):
     assert steps and len(steps) == len(set(steps))  # no step logged twice
 
 
+def _truncate_data_files(checkpoint, keep):
+    """Cut every array data file of ``checkpoint`` to ``keep`` of its size (at least 10 bytes
+    go: which arrays a single file holds is orbax's business, so all of them are cut)."""
+    files = [p for p in (checkpoint / "state").rglob("*") if p.is_file() and p.parent.name == "d"]
+    assert files
+    for data in files:
+        os.truncate(data, max(0, min(int(data.stat().st_size * keep), data.stat().st_size - 10)))
+
+
 @pytest.mark.parametrize("damage", ["truncated data file", "deleted metadata file"])
 def test_a_damaged_newest_checkpoint_is_skipped_moved_aside_and_resume_is_exact(reference_run, tmp_path, damage):
     """4. A truncated / incomplete newest checkpoint: resume from the one before, say so, keep the damaged one."""
@@ -242,9 +251,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_moved_aside_and_resume_is_exact(
     cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
     newest = work / "checkpoints" / "6"
     if damage == "truncated data file":
-        data = max((p for p in (newest / "state").rglob("*") if p.is_file() and p.parent.name == "d"),
-                   key=lambda p: p.stat().st_size)
-        os.truncate(data, data.stat().st_size // 2)
+        _truncate_data_files(newest, keep=0.5)
     else:
         (newest / "meta" / "metadata").unlink()
     lines = []
@@ -260,9 +267,7 @@ def test_a_damaged_newest_checkpoint_is_skipped_moved_aside_and_resume_is_exact(
 def test_export_and_eval_name_a_damaged_checkpoint_as_damaged(reference_run, tmp_path, capsys):
     """4. export / eval of a truncated checkpoint: "damaged", and the other steps to pick from."""
     cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
-    data = max((p for p in (work / "checkpoints" / "6" / "state").rglob("*") if p.is_file() and p.parent.name == "d"),
-               key=lambda p: p.stat().st_size)
-    os.truncate(data, 10)
+    _truncate_data_files(work / "checkpoints" / "6", keep=0.0)
     for argv in (["export", str(work), str(tmp_path / "out")], ["eval", str(work), "--data", cfg.data]):
         assert main(argv) == 2
         err = capsys.readouterr().err

@@ -82,7 +82,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
 
 def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], None] | None, is_main: bool,
            closing: contextlib.ExitStack) -> dict:
-    """The run; ``closing`` stops what it starts (data workers) however it ends."""
+    """The run; ``closing`` stops what it starts (checkpoint writer, data workers) however it ends."""
     # -- build: folder, config, data, step function ----------------------------------------
     if log is None:
         log = (lambda msg: print(msg, flush=True)) if is_main else (lambda msg: None)
@@ -94,6 +94,7 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
         )
     local_batch = global_batch // jax.process_count()
     ckpts = Checkpoints(workdir, keep=cfg.keep_checkpoints)
+    closing.callback(ckpts.close)  # also when the start fails before the loop
     latest = ckpts.latest_step()  # a restart reads this checkpoint and nothing else
     cfg, pretrained = start_config(cfg, workdir, resuming=latest is not None, progress=progress and is_main, log=log)
     model_config = cfg.elmo_config()
@@ -205,7 +206,6 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     finally:
         bar.close()
         writer.close()
-        ckpts.close()
     summary.update(step=step, interrupted=None, checkpoint=ckpts.path(step), steps_per_epoch=steps_per_epoch)
     summary["params"] = runner.get_train_state(d_train)["params"]
     summary["vocab"] = vocab
