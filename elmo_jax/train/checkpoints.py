@@ -157,7 +157,6 @@ class Checkpoints:
         for name in _STORAGE_LOGGERS:
             logging.getLogger(name).addFilter(self._logs)
         self._state_bytes = 0
-        self._failed = False
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
@@ -278,11 +277,11 @@ class Checkpoints:
 
     def close(self) -> None:
         try:
-            if not self._failed:
+            if not self._logs.disk_full:  # after a full disk the error has been raised once
                 self.wait()
             self._manager.close()
         except Exception:
-            if not self._failed:
+            if not self._logs.disk_full:  # after a full disk the error has been raised once
                 raise
         finally:
             gc.collect()  # failed writes' futures report now, through the filter
@@ -307,7 +306,6 @@ class Checkpoints:
             self._logs.release(emit=not disk_full)
             if not disk_full:
                 raise
-            self._failed = True
             gc.collect()  # the storage layer's failed futures report now, while their echoes are filtered
             raise self._disk_full_error(step) from None
         else:
