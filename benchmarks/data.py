@@ -10,9 +10,10 @@ words drawn from a Zipf law (exponent 1.2) over ``--types`` word forms, written 
 tokenized sentence per line.  It is then prepared into ArrayRecord exactly as training does
 (:class:`elmo_jax.data.text_source.LocalTextSource`, afresh per ``--prepare-workers`` count and
 repeat: 0 is the TFDS builder in one process, N >= 1 byte ranges in N processes writing the
-shards directly; wall and CPU seconds, the workers' included), the vocabulary is built from it
-(:meth:`Vocabulary.build`, or :func:`elmo_jax.data.counting.count_tokens` with
-``--count-workers``), and batches are drawn from the prepared source.
+shards directly; wall and CPU seconds, the workers' included), its token index is built
+(:func:`elmo_jax.data.token_index.build_token_index`, afresh per ``--index-workers`` count and
+repeat), the vocabulary is built from the index's counts, and batches are drawn from the
+index (what training reads) and, for comparison, from the prepared source itself.
 
 positions/s per direction = batches x B x T / seconds (each batch holds B x T positions of
 each direction).  ``--baseline COMMIT`` (default 7058beb, the per-row implementation) loads
@@ -80,14 +81,18 @@ def load_baseline(commit: str):
 
 
 def peak_rss_mib(pid: int) -> float | None:
+    """Peak resident memory (VmHWM) of ``pid`` less its file-backed pages now (RssFile: the
+    memory-mapped index, page cache shared by every process), in MiB."""
+    fields = {}
     try:
         with open(f"/proc/{pid}/status", encoding="ascii") as f:
             for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
+                key, _, value = line.partition(":")
+                if key in ("VmHWM", "RssFile"):
+                    fields[key] = int(value.split()[0]) / 1024
     except OSError:
         return None
-    return None
+    return fields["VmHWM"] - fields.get("RssFile", 0.0) if "VmHWM" in fields else None
 
 
 def worker_pids(batcher) -> list[int]:
@@ -176,6 +181,37 @@ def measure_prepare(open_text, corpus: str, tmp: str, args) -> tuple:
     return source, rows
 
 
+def measure_index(source, tmp: str, args) -> tuple:
+    """Build the token index of ``source`` afresh ``args.repeats`` times per worker count of
+    ``args.index_workers`` (interleaved); wall seconds (medians), and this process's CPU
+    seconds for the in-process build.  Returns the index built last and the rows."""
+    from elmo_jax.data.token_index import build_token_index
+
+    counts = [int(w) for w in args.index_workers.split(",") if w]
+    runs = {w: [] for w in counts}
+    index = None
+    for _ in range(args.repeats):
+        for w in counts:
+            folder = os.path.join(tmp, f"index_{time.time_ns()}")
+            t, c = time.perf_counter(), time.process_time()
+            index = build_token_index(source, folder, workers=w)
+            wall, cpu = time.perf_counter() - t, time.process_time() - c
+            runs[w].append((wall, cpu))
+            print(f"index workers={w}: {wall:.2f} s wall, {cpu:.2f} CPU-s in this process, "
+                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+    rows = []
+    for w in counts:
+        wall = statistics.median(r[0] for r in runs[w])
+        cpu = statistics.median(r[1] for r in runs[w])
+        rows.append({"workers": w, "wall_s": wall, "main_cpu_s": cpu, "all_wall_s": [r[0] for r in runs[w]],
+                     "us_per_sentence": 1e6 * wall / len(source),
+                     "speedup": statistics.median(r[0] for r in runs[counts[0]]) / wall})
+        print(f"index workers={w}: median {wall:.2f} s ({rows[-1]['us_per_sentence']:.1f} us/sentence, "
+              f"{rows[-1]['speedup']:.2f}x workers={counts[0]}), this process {cpu:.2f} CPU-s; "
+              f"runs {', '.join(f'{r[0]:.2f}' for r in runs[w])}", flush=True)
+    return index, rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sentences", type=int, default=100_000)
@@ -187,7 +223,10 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--prepare-workers", default="0,1,2",
                    help="worker counts preparing the corpus (0: the TFDS builder in this process)")
-    p.add_argument("--count-workers", type=int, default=0, help="processes counting the vocabulary (0: in process)")
+    p.add_argument("--index-workers", default="0,2",
+                   help="worker counts building the token index (0: in this process)")
+    p.add_argument("--source-batches", default="0,2",
+                   help="worker counts also measured reading the prepared source instead of the index ('' skips)")
     p.add_argument("--step-ms", default="0,5,23", help="simulated step times for the waiting measurement")
     p.add_argument("--wait-batch", type=int, default=1024)
     p.add_argument("--baseline", default="7058beb", help="commit whose batcher is measured too ('' to skip)")
@@ -209,27 +248,30 @@ def main(argv=None) -> int:
 
     source, results["prepare"] = measure_prepare(LocalTextSource, corpus, tmp, args)
 
+    index, results["index"] = measure_index(source, tmp, args)
     t = time.perf_counter()
-    if args.count_workers:
-        from elmo_jax.data.counting import count_tokens
-
-        vocab = Vocabulary.build(count_tokens(source, workers=args.count_workers))
-    else:
-        vocab = Vocabulary.build(source)
+    vocab = Vocabulary.build(index.counts())
     vocab_s = time.perf_counter() - t
     results["vocab_s"] = vocab_s
-    print(f"vocabulary: {vocab_s:.1f} s ({len(vocab)} tokens, {1e6 * vocab_s / args.sentences:.1f} us/sentence)",
-          flush=True)
+    print(f"vocabulary from the index's counts: {vocab_s:.2f} s ({len(vocab)} tokens)", flush=True)
 
     baseline = load_baseline(args.baseline) if args.baseline else None
     rows = []
-    kinds = ([("baseline", None)] if baseline else []) + [("new", w) for w in map(int, args.workers.split(","))]
+    kinds = ([("baseline", None)] if baseline else []) \
+        + [("source", w) for w in map(int, filter(None, args.source_batches.split(",")))] \
+        + [("index", w) for w in map(int, args.workers.split(","))]
+
+    def label_of(kind, workers):
+        if kind == "baseline":
+            return f"{args.baseline} (before)"
+        return f"{kind} workers={workers}"
+
     for B in [int(x) for x in args.batch_sizes.split(",") if x]:
         for kind, workers in kinds:
             def make(B=B, kind=kind, workers=workers):
                 if kind == "baseline":
                     return baseline.LMBatcher(source, vocab, B, args.unroll)
-                return LMBatcher(source, vocab, B, args.unroll, workers=workers)
+                return LMBatcher(index if kind == "index" else source, vocab, B, args.unroll, workers=workers)
 
             speeds, cpu_speeds, rss = [], [], []
             for _ in range(args.repeats):
@@ -237,16 +279,16 @@ def main(argv=None) -> int:
                 speeds.append(s)
                 cpu_speeds.append(c)
                 rss += r
-            label = f"{args.baseline} (before)" if kind == "baseline" else f"workers={workers}"
+            label = label_of(kind, workers)
             row = {"B": B, "impl": label, "positions_per_s_dir": statistics.median(speeds), "all": speeds,
                    "positions_per_cpu_s_dir": statistics.median(cpu_speeds),
                    "worker_peak_rss_mib": max(rss) if rss else None, "load": os.getloadavg()}
             rows.append(row)
-            print(f"B={B:5d} {label:18s} {row['positions_per_s_dir']:>12,.0f} positions/s per direction "
+            print(f"B={B:5d} {label:20s} {row['positions_per_s_dir']:>12,.0f} positions/s per direction "
                   f"(runs {', '.join(f'{x:,.0f}' for x in speeds)})"
                   + (f"; {row['positions_per_cpu_s_dir']:,.0f} per CPU-second of this process"
                      if workers in (None, 0) else "")
-                  + (f", worker peak RSS {row['worker_peak_rss_mib']:.0f} MiB" if rss else "")
+                  + (f", worker peak RSS less mapped files {row['worker_peak_rss_mib']:.0f} MiB" if rss else "")
                   + f", load {row['load'][0]:.1f}", flush=True)
     results["batches"] = rows
 
@@ -256,11 +298,12 @@ def main(argv=None) -> int:
             def make(kind=kind, workers=workers):
                 if kind == "baseline":
                     return baseline.LMBatcher(source, vocab, args.wait_batch, args.unroll)
-                return LMBatcher(source, vocab, args.wait_batch, args.unroll, workers=workers)
+                return LMBatcher(index if kind == "index" else source, vocab, args.wait_batch, args.unroll,
+                                 workers=workers)
 
             steps = 30 if step_ms else 60
             fracs = [waiting_fraction(make, step_ms / 1000, steps) for _ in range(args.repeats)]
-            label = f"{args.baseline} (before)" if kind == "baseline" else f"workers={workers}"
+            label = label_of(kind, workers)
             waits.append({"impl": label, "B": args.wait_batch, "step_ms": step_ms,
                           "wait_fraction": statistics.median(fracs), "all": fracs})
             print(f"wait B={args.wait_batch} step {step_ms:4.0f} ms {label:18s} "

@@ -224,13 +224,18 @@ def test_kill_9_with_workers_then_sigterm_resume_exactly_and_leave_no_process(tm
 
 
 def test_parallel_counts_give_the_same_vocabulary_in_the_same_order():
-    from elmo_jax.data.counting import count_tokens
+    """Token counts come from the token index (built in 3 processes here): the same counts in
+    the same first-occurrence order as one pass over the source, so the same vocabulary."""
+    from collections import Counter
+
+    from elmo_jax.data.token_index import build_token_index
 
     rng = np.random.default_rng(3)
     words = [f"w{i}" for i in range(3000)]
     sents = [[words[j] for j in rng.zipf(1.3, rng.integers(1, 12)) % 3000] for _ in range(9000)]
     source = InMemorySource(sents)
-    serial, parallel = count_tokens(source), count_tokens(source, workers=3)
+    serial = Counter(t for s in sents for t in s)
+    parallel = build_token_index(source, workers=3).counts()
     assert list(serial.items()) == list(parallel.items())  # counts and first-occurrence order
     assert Vocabulary.build(parallel, max_size=500) == Vocabulary.build(sents, max_size=500)
     assert not multiprocessing.active_children()

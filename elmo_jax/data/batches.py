@@ -71,9 +71,11 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from elmo_jax import chars as chars_lib
+from elmo_jax.data.token_index import TokenIndex
 from elmo_jax.data.vocab import Vocabulary
 
-__all__ = ["LMBatcher", "STATE_VERSION", "ChunkEncoder", "EncodedChunk", "encode_chunk"]
+__all__ = ["LMBatcher", "STATE_VERSION", "ChunkEncoder", "EncodedChunk", "IndexChunkEncoder", "assemble_chunk",
+           "encode_chunk"]
 
 STATE_VERSION = 1
 _DIRECTIONS = ("fwd", "bwd")
@@ -136,6 +138,11 @@ class _TokenTable:
         return self.vocab_ids[rows], self.char_ids[rows]
 
 
+def marker_chars(max_chars: int) -> np.ndarray:
+    """int16 ``[2, C]``: the char ids of ``<S>`` and ``</S>``."""
+    return chars_lib.batch_to_ids([[chars_lib.BOS_TOKEN, chars_lib.EOS_TOKEN]], max_chars)[0].astype(np.int16)
+
+
 class ChunkEncoder:
     """Reads sentences by index and encodes them into :class:`EncodedChunk` s.
 
@@ -153,9 +160,7 @@ class ChunkEncoder:
     def _setup(self) -> None:
         self.table = _TokenTable(self.vocab, self.max_chars, self.char_cache_size)
         self.bos_id, self.eos_id = self.vocab.bos_id, self.vocab.eos_id
-        self.marker_chars_2C = chars_lib.batch_to_ids(
-            [[chars_lib.BOS_TOKEN, chars_lib.EOS_TOKEN]], self.max_chars
-        )[0].astype(np.int16)
+        self.marker_chars_2C = marker_chars(self.max_chars)
 
     def __getstate__(self) -> dict:
         return {"source": self.source, "vocab": self.vocab, "max_chars": self.max_chars,
@@ -170,53 +175,115 @@ class ChunkEncoder:
         return encode_chunk(sentences, self.table, self.bos_id, self.eos_id, self.marker_chars_2C, reverse)
 
 
+class IndexChunkEncoder:
+    """Encodes chunks from a :class:`~elmo_jax.data.token_index.TokenIndex`: the sentences'
+    type ids gathered and mapped to vocabulary ids by array lookups (no Python per word).
+    The chunk keeps type ids, not char ids: the window's char ids are gathered from the
+    index's char table (``chars_VC``, shared by memory map) when the window is filled, so a
+    chunk from a worker process is 8 bytes per token instead of 104.  Gives the same
+    batches as :class:`ChunkEncoder` on the source the index was built from.
+
+    Picklable: a folder index travels as its path, the vocabulary as its per-type ids.
+    """
+
+    def __init__(self, index, vocab: Vocabulary, max_chars: int):
+        self.index = index
+        self.max_chars = int(max_chars)
+        self.vocab_ids_V = index.vocab_ids(vocab)
+        self.bos_id, self.eos_id = vocab.bos_id, vocab.eos_id
+        self._setup()
+
+    def _setup(self) -> None:
+        self.chars_VC = self.index.char_table(self.max_chars)  # rows V, V + 1: <S>, </S>
+        self.bos_row, self.eos_row = self.index.num_types, self.index.num_types + 1
+
+    def __getstate__(self) -> dict:
+        return {"index": self.index, "max_chars": self.max_chars, "vocab_ids_V": self.vocab_ids_V,
+                "bos_id": self.bos_id, "eos_id": self.eos_id}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._setup()
+
+    def __call__(self, positions: Sequence[int], reverse: bool) -> EncodedChunk:
+        lens_n, types = self.index.sentence_types(positions)
+        starts, (ids_N, types_N) = assemble_chunk(
+            lens_n, [(self.vocab_ids_V[types], self.bos_id, self.eos_id), (types, self.bos_row, self.eos_row)],
+            reverse)
+        return EncodedChunk(ids_N, None, starts, types_N)
+
+
 def encode_chunk(
     sentences: Sequence[Sequence[str]], table: "_TokenTable", bos_id: int, eos_id: int,
     marker_chars_2C: np.ndarray, reverse: bool,
 ) -> "EncodedChunk":
-    """Sentences -> one :class:`EncodedChunk` (``<S> w1 .. wn </S>`` each, or reversed).
-
-    One token-table lookup for all words of the chunk, then every marker and every reversal
-    placed with index arithmetic (no Python loop per sentence beyond reading the lengths).
-    """
+    """Sentences -> one :class:`EncodedChunk` (``<S> w1 .. wn </S>`` each, or reversed):
+    one token-table lookup for all words of the chunk, then :func:`assemble_chunk`."""
     lens_n = np.fromiter((len(s) for s in sentences), dtype=np.int64, count=len(sentences))
+    if int(lens_n.sum()):
+        word_ids, word_chars = table.lookup([t for s in sentences for t in s])
+    else:
+        word_ids = np.zeros(0, dtype=np.int32)
+        word_chars = np.zeros((0, table.max_chars), dtype=np.int16)
+    starts, (ids_N, chars_NC) = assemble_chunk(
+        lens_n, [(word_ids, bos_id, eos_id), (word_chars, marker_chars_2C[0], marker_chars_2C[1])], reverse)
+    return EncodedChunk(ids_N, chars_NC, starts)
+
+
+def assemble_chunk(lens_n: np.ndarray, columns, reverse: bool) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Sentences of ``lens_n`` words laid out as ``<S> w1 .. wn </S>`` each (or reversed,
+    ``</S> wn .. w1 <S>``), one after another.
+
+    ``columns``: ``(words, bos, eos)`` triples, ``words`` ``[sum(lens_n), ...]`` holding a
+    value per word (the sentences' words one after another), ``bos`` / ``eos`` the values of
+    the markers.  Returns (``starts [n + 1]``: sentence ``i`` is ``starts[i]:starts[i + 1]``,
+    one array per column).  Every marker and every reversal is placed with index arithmetic
+    (no Python loop per sentence).
+    """
+    lens_n = np.asarray(lens_n, dtype=np.int64)
+    n = len(lens_n)
     sizes_n = lens_n + 2
-    starts = np.zeros(len(sentences) + 1, dtype=np.int64)
+    starts = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(sizes_n, out=starts[1:])
     total = int(starts[-1])
-    ids_N = np.empty(total, dtype=np.int32)
-    chars_NC = np.empty((total, table.max_chars), dtype=np.int16)
     first, last = starts[:-1], starts[1:] - 1
-    ids_N[first], ids_N[last] = bos_id, eos_id
-    chars_NC[first], chars_NC[last] = marker_chars_2C[0], marker_chars_2C[1]
     n_words = int(lens_n.sum())
-    if n_words:
-        word_ids, word_chars = table.lookup([t for s in sentences for t in s])
-        # word j of sentence i goes to starts[i] + 1 + j: shift each sentence's run of words.
-        word_starts = np.cumsum(lens_n) - lens_n
-        at = np.arange(n_words, dtype=np.int64) + np.repeat(first + 1 - word_starts, lens_n)
-        ids_N[at], chars_NC[at] = word_ids, word_chars
-    if reverse and total:  # </S> wn .. w1 <S>: position p of sentence i reads first_i + last_i - p
-        sentence_of = np.repeat(np.arange(len(sentences)), sizes_n)
-        src = (first + last)[sentence_of] - np.arange(total, dtype=np.int64)
-        ids_N, chars_NC = ids_N[src], chars_NC[src]
-    return EncodedChunk(ids_N, chars_NC, starts)
+    # word j of sentence i goes to starts[i] + 1 + j: shift each sentence's run of words.
+    at = np.arange(n_words, dtype=np.int64) + np.repeat(first + 1 - (np.cumsum(lens_n) - lens_n), lens_n)
+    src = None
+    if reverse and total:  # position p of sentence i reads first_i + last_i - p
+        src = (first + last)[np.repeat(np.arange(n), sizes_n)] - np.arange(total, dtype=np.int64)
+    out = []
+    for words, bos, eos in columns:
+        column = np.empty((total,) + words.shape[1:], dtype=words.dtype)
+        column[first], column[last] = bos, eos
+        column[at] = words
+        out.append(column if src is None else column[src])
+    return starts, out
 
 
 class EncodedChunk:
     """Consecutive sentences of one direction's order, encoded: sentence ``i`` is tokens
     ``starts[i]:starts[i + 1]`` of ``ids_N`` (vocabulary ids, int32) and ``chars_NC`` (char
-    ids, int16), markers included."""
+    ids, int16), markers included; or, from a token index, ``types_N`` (int32 rows of the
+    encoder's char table) instead of ``chars_NC``."""
 
-    __slots__ = ("ids_N", "chars_NC", "starts", "lengths_n", "lengths")
+    __slots__ = ("ids_N", "chars_NC", "types_N", "starts", "lengths_n", "lengths")
 
-    def __init__(self, ids_N: np.ndarray, chars_NC: np.ndarray, starts: np.ndarray):
-        self.ids_N, self.chars_NC, self.starts = ids_N, chars_NC, starts
+    def __init__(self, ids_N: np.ndarray, chars_NC: np.ndarray | None, starts: np.ndarray,
+                 types_N: np.ndarray | None = None):
+        self.ids_N, self.chars_NC, self.starts, self.types_N = ids_N, chars_NC, starts, types_N
         self.lengths_n = np.diff(starts)
         self.lengths = self.lengths_n.tolist()  # Python ints: read one at a time
 
+    def chars(self, rows: np.ndarray, table_VC: np.ndarray | None) -> np.ndarray:
+        """Char ids ``[len(rows), C]`` of tokens ``rows``."""
+        if self.types_N is None:
+            return self.chars_NC[rows]
+        return table_VC[self.types_N[rows]]
+
     def __reduce__(self):
-        return EncodedChunk, (self.ids_N, self.chars_NC, self.starts)
+        return EncodedChunk, (self.ids_N, self.chars_NC, self.starts, self.types_N)
 
 
 class _Stream:
@@ -350,11 +417,12 @@ class _Stream:
         tok_chunk = chunk_of[seg_of]
         is_input = t < k_B[tok_row]
         is_target = t >= 1
+        table_VC = getattr(self.o._encoder, "chars_VC", None)  # chunks of a token index
         for c in chunk_ids:
             ch = self._chunks[c]
             sel = tok_chunk == c
             inp = sel & is_input
-            char_out[tok_row[inp], t[inp]] = ch.chars_NC[src[inp]]
+            char_out[tok_row[inp], t[inp]] = ch.chars(src[inp], table_VC)
             tg = sel & is_target
             tgt_out[tok_row[tg], t[tg] - 1] = ch.ids_N[src[tg]]
         mask_out[np.arange(T)[None, :] < k_B[:, None]] = 1.0
@@ -481,7 +549,10 @@ class LMBatcher(Iterator[dict]):
                 f"process {process_index} of {process_count} gets no sentence: the source has only "
                 f"{self.num_sentences}"
             )
-        self._encoder = ChunkEncoder(source, vocab, self.max_characters_per_token, char_cache_size)
+        if isinstance(source, TokenIndex):  # numpy gathers, no Python per word
+            self._encoder = IndexChunkEncoder(source, vocab, self.max_characters_per_token)
+        else:
+            self._encoder = ChunkEncoder(source, vocab, self.max_characters_per_token, char_cache_size)
         self._streams = [_Stream(self, 0), _Stream(self, 1)]
         self.epoch = 0
         self.batches_in_epoch = 0

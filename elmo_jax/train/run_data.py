@@ -7,6 +7,8 @@
       vocab_source.json    what vocab.txt was built for (absent for a vocabulary you supply)
       corpus/              the embedded synthetic corpus, when data == "synthetic"
       tfds/                text this package prepares for TFDS (see data_dir_for)
+      token_index/train/   the training sentences as token ids (elmo_jax.data.token_index):
+      token_index/heldout/ what the batches are read from; made once, remade if the text changes
 
 In a multi-process job process 0 prepares and then tells the others (through the runtime's
 key-value store) that everything is complete, or that preparation failed, with its message.
@@ -24,7 +26,7 @@ import jax
 
 from elmo_jax.atomic import atomic_path, file_sha256, write_json
 from elmo_jax.data.text_source import lm1b_extracted_files, make_source
-from elmo_jax.data.counting import count_tokens
+from elmo_jax.data.token_index import open_or_build
 from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.train import distributed
 from elmo_jax.train.config_loader import TrainConfig
@@ -143,6 +145,13 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
                               process_index=process_index, workers=cfg.data_workers)
     else:
         log("no held-out set: no evaluation (set --config.heldout to a text file to evaluate)")
+    # The batches are read from token indexes of the sources (one pass each, data_workers
+    # processes; process 0 makes them, the others open them).
+    index_dir = os.path.join(workdir, "token_index")
+    train = open_or_build(train, os.path.join(index_dir, "train"), cfg.data_workers, log, may_build=process_index == 0)
+    if heldout is not None:
+        heldout = open_or_build(heldout, os.path.join(index_dir, "heldout"), cfg.data_workers, log,
+                                may_build=process_index == 0)
     vocab_path = os.path.join(workdir, "vocab.txt")
     source_path = os.path.join(workdir, VOCAB_SOURCE_FILE)
     wanted = _vocab_source(cfg, train)
@@ -156,8 +165,7 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
     if not os.path.exists(vocab_path):
         if process_index == 0:
             log(f"building the vocabulary from {len(train)} training sentences")
-            counts = count_tokens(train, workers=cfg.data_workers)  # data_workers processes
-            vocab = Vocabulary.build(counts, max_size=cfg.vocab_size, min_count=cfg.vocab_min_count)
+            vocab = Vocabulary.build(train.counts(), max_size=cfg.vocab_size, min_count=cfg.vocab_min_count)
             with atomic_path(vocab_path) as tmp:  # vocab.txt appears only with its record
                 vocab.save(tmp)
                 write_json(source_path, {"built_for": wanted, "sha256": file_sha256(tmp)})

@@ -1,0 +1,385 @@
+"""Every sentence of a corpus as token-type ids, made once: the batcher's fast path.
+
+Reading a sentence from ArrayRecord, decoding it and looking each word up in a dict costs
+about 30 us; a training epoch does that twice per sentence (forward and backward orders).
+A :class:`TokenIndex` does it once, for the whole corpus, in parallel processes: each
+distinct token string (a *type*) gets an id, in order of first occurrence, and each
+sentence becomes a run of type ids.  The batcher then reads sentences with numpy gathers
+(type id -> vocabulary id, type id -> char ids), with no Python per word.
+
+A :class:`TokenIndex` is itself a sentence source (``len``, ``get_batch``, ``num_tokens``,
+``content_id``), so it can stand wherever the source it was built from stood; its
+``counts()`` are the token counts :meth:`Vocabulary.build` takes (same order of first
+occurrence, so the same vocabulary as counting the source).
+
+On disk (``build_token_index(source, folder)``; written to a temporary folder and renamed
+into place whole, so a reader sees a complete index or none)::
+
+    FOLDER/
+      meta.json       {"version", "content_id", "sentences": n, "tokens": N, "types": V}
+      types.json      the V token strings, in id order
+      counts.npy      int64 [V]   occurrences of each type
+      offsets.bin     int64 [n+1] sentence i is ids[offsets[i]:offsets[i+1]]
+      ids.bin         int32 [N]   type ids
+      chars_C.bin     int16 [V, C] char ids of each type for C characters per token
+                      (made on first use, once per C)
+
+The arrays are memory-mapped: processes share them through the page cache, and no
+process holds the corpus in its own memory (a worker's resident memory is the vocabulary
+id of each type, 4 bytes per type, plus the pages it touches).  Without a folder the index
+is built in memory (small corpora, tests).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from elmo_jax import chars as chars_lib
+from elmo_jax.atomic import atomic_path, new_mode, replace_dir, write_json
+from elmo_jax.errors import ElmoError
+
+__all__ = ["INDEX_VERSION", "TokenIndex", "TokenIndexError", "build_token_index", "open_or_build"]
+
+INDEX_VERSION = 1
+_RANGE = 1 << 16  # sentences per build task: bounds a task's memory (~2M tokens)
+_READ = 4096  # sentences per get_batch while building
+_CHAR_BLOCK = 1 << 16  # types converted to char ids at once
+
+
+class TokenIndexError(ElmoError):
+    """A token index folder that cannot be used (incomplete, damaged, of another version)."""
+
+
+class TokenIndex:
+    """Sentences as type ids (see the module docstring).  Use :meth:`open` or
+    :func:`build_token_index`; the constructor takes the arrays as they are."""
+
+    def __init__(self, offsets_n1: np.ndarray, ids_N: np.ndarray, counts_V: np.ndarray,
+                 types: Sequence[str] | None, content_id: str | None, folder: str | None = None):
+        self.offsets_n1 = offsets_n1
+        self.ids_N = ids_N
+        self.counts_V = counts_V
+        self._types = None if types is None else list(types)
+        self._content_id = content_id
+        self.folder = folder
+
+    # -- opening ----------------------------------------------------------------------
+    @classmethod
+    def open(cls, folder: str | os.PathLike) -> "TokenIndex":
+        """The index in ``folder``, memory-mapped; :class:`TokenIndexError` if it is not a
+        complete index of this version."""
+        folder = os.fspath(folder)
+        meta = read_meta(folder)
+        if meta is None:
+            raise TokenIndexError(f"{folder} holds no complete token index (no readable meta.json): delete it "
+                                  f"and it is rebuilt")
+        n, N, V = meta["sentences"], meta["tokens"], meta["types"]
+        expected = {"offsets.bin": 8 * (n + 1), "ids.bin": 4 * N}
+        for name, size in expected.items():
+            path = os.path.join(folder, name)
+            found = os.path.getsize(path) if os.path.exists(path) else None
+            if found != size:
+                raise TokenIndexError(f"{path} has {found} bytes, its meta.json says {size}: the index is damaged; "
+                                      f"delete {folder} and it is rebuilt")
+        counts = np.load(os.path.join(folder, "counts.npy"))
+        if counts.shape != (V,):
+            raise TokenIndexError(f"{folder}/counts.npy holds {counts.shape}, expected ({V},): delete {folder} "
+                                  f"and it is rebuilt")
+        return cls(_map(os.path.join(folder, "offsets.bin"), np.int64, n + 1),
+                   _map(os.path.join(folder, "ids.bin"), np.int32, N), counts, None, meta["content_id"], folder)
+
+    def __reduce__(self):
+        if self.folder is not None:  # worker processes map the same files
+            return TokenIndex.open, (self.folder,)
+        return TokenIndex, (self.offsets_n1, self.ids_N, self.counts_V, self._types, self._content_id)
+
+    # -- the index --------------------------------------------------------------------
+    @property
+    def num_types(self) -> int:
+        return len(self.counts_V)
+
+    def types(self) -> list[str]:
+        """The token strings, in id order (read from disk on each call for a folder index:
+        lm1b has 2.4M of them)."""
+        if self._types is not None:
+            return self._types
+        with open(os.path.join(self.folder, "types.json"), encoding="utf-8") as f:
+            return json.load(f)
+
+    def counts(self) -> dict[str, int]:
+        """``type -> count`` in order of first occurrence (what :meth:`Vocabulary.build` takes)."""
+        return dict(zip(self.types(), self.counts_V.tolist()))
+
+    def sentence_types(self, positions: Sequence[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(lengths ``[n]`` int64, the sentences' type ids one after another ``[sum]`` int32)."""
+        pos = np.asarray(positions, dtype=np.int64)
+        start = self.offsets_n1[pos]
+        lens_n = self.offsets_n1[pos + 1] - start
+        total = int(lens_n.sum())
+        # token j of sentence i is ids[start_i + j]
+        within = np.arange(total, dtype=np.int64) - np.repeat(np.cumsum(lens_n) - lens_n, lens_n)
+        return lens_n, self.ids_N[np.repeat(start, lens_n) + within]
+
+    def vocab_ids(self, vocab) -> np.ndarray:
+        """int32 ``[V]``: each type's id in ``vocab`` (``<UNK>``'s for the others)."""
+        return np.fromiter(map(vocab.id_of, self.types()), dtype=np.int32, count=self.num_types)
+
+    def char_table(self, max_chars: int) -> np.ndarray:
+        """int16 ``[V + 2, max_chars]``: each type's char ids
+        (:func:`elmo_jax.chars.tokens_to_ids`), then those of ``<S>`` (row ``V``) and
+        ``</S>`` (row ``V + 1``).  A folder index keeps it as ``chars_<max_chars>.bin``
+        (made on the first call, memory-mapped after)."""
+        max_chars = int(max_chars)
+        shape = (self.num_types + 2, max_chars)
+        if self.folder is None:
+            return _char_ids(self.types(), max_chars)
+        path = os.path.join(self.folder, f"chars_{max_chars}.bin")
+        if os.path.exists(path) and os.path.getsize(path) == 2 * shape[0] * shape[1]:
+            return _map(path, np.int16, shape)
+        table = _char_ids(self.types(), max_chars)
+        with atomic_path(path) as tmp:  # concurrent makers write identical bytes
+            table.tofile(tmp)
+        return _map(path, np.int16, shape)
+
+    # -- the sentence-source protocol -------------------------------------------------
+    def __len__(self) -> int:
+        return len(self.offsets_n1) - 1
+
+    def num_tokens(self) -> int:
+        return len(self.ids_N)
+
+    def content_id(self) -> str | None:
+        """The content id of the source it was built from."""
+        return self._content_id
+
+    def get_batch(self, indices: Sequence[int]) -> list[list[str]]:
+        if self._types is None:  # a folder index: read the strings once, on first use
+            self._types = self.types()
+        types = self._types
+        lens, ids = self.sentence_types([int(i) for i in indices])
+        words = [types[t] for t in ids.tolist()]
+        ends = np.cumsum(lens).tolist()
+        return [words[e - n : e] for e, n in zip(ends, lens.tolist())]
+
+    def __getitem__(self, i: int) -> list[str]:
+        n = len(self)
+        if not -n <= int(i) < n:
+            raise IndexError(f"sentence index {i} out of range ({n} sentences)")
+        return self.get_batch([int(i) % n])[0]
+
+    def __iter__(self):
+        for start in range(0, len(self), _READ):
+            yield from self.get_batch(range(start, min(start + _READ, len(self))))
+
+    def __repr__(self) -> str:
+        where = self.folder or "in memory"
+        return f"TokenIndex({len(self)} sentences, {self.num_tokens()} tokens, {self.num_types} types; {where})"
+
+
+def _map(path: str, dtype, shape) -> np.ndarray:
+    """A read-only memory map of ``path`` as a plain ndarray (a memmap subclass costs a
+    Python call per gather)."""
+    if (np.prod(shape) if isinstance(shape, tuple) else shape) == 0:
+        return np.zeros(shape, dtype=dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=shape).view(np.ndarray)
+
+
+def _char_ids(types: Sequence[str], max_chars: int) -> np.ndarray:
+    """int16 ``[len(types) + 2, max_chars]``: the types' char ids, then ``<S>``'s and ``</S>``'s."""
+    types = list(types) + [chars_lib.BOS_TOKEN, chars_lib.EOS_TOKEN]
+    table = np.empty((len(types), max_chars), dtype=np.int16)
+    for a in range(0, len(types), _CHAR_BLOCK):
+        block = types[a : a + _CHAR_BLOCK]
+        table[a : a + len(block)] = chars_lib.tokens_to_ids(block, max_chars)
+    return table
+
+
+def read_meta(folder: str) -> dict | None:
+    """``meta.json`` of an index folder of this version, or None (absent, unreadable, other version)."""
+    try:
+        with open(os.path.join(folder, "meta.json"), encoding="utf-8") as f:
+            meta = json.load(f)
+        if meta.get("version") != INDEX_VERSION:
+            return None
+        for key in ("sentences", "tokens", "types"):
+            meta[key] = int(meta[key])
+        return meta
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
+# -- building -------------------------------------------------------------------------
+def _index_range(source, start: int, stop: int) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
+    """Sentences ``start..stop-1``: (their types in order of first occurrence, each type's
+    count, the tokens as ids into those types, each sentence's length)."""
+    flat: list[str] = []
+    lengths: list[int] = []
+    for at in range(start, stop, _READ):
+        for tokens in source.get_batch(range(at, min(at + _READ, stop))):
+            flat.extend(tokens)
+            lengths.append(len(tokens))
+    types = list(dict.fromkeys(flat))
+    local = dict(zip(types, range(len(types))))
+    ids = np.fromiter(map(local.__getitem__, flat), dtype=np.int32, count=len(flat))
+    return types, np.bincount(ids, minlength=len(types)), ids, np.asarray(lengths, dtype=np.int64)
+
+
+class _Merger:
+    """Joins the ranges' results in range order: local type ids become global ones (new
+    types numbered as they first appear), ids and offsets appended (to files, or kept)."""
+
+    def __init__(self, folder: str | None):
+        self.ids: dict[str, int] = {}
+        self.counts = np.zeros(1024, dtype=np.int64)
+        self.n_tokens = 0
+        self.n_sentences = 0
+        self.parts: list[tuple[np.ndarray, np.ndarray]] = []
+        self.files = None
+        if folder is not None:
+            self.files = (open(os.path.join(folder, "offsets.bin"), "wb"), open(os.path.join(folder, "ids.bin"), "wb"))
+            np.zeros(1, dtype=np.int64).tofile(self.files[0])
+
+    def add(self, types: list[str], counts: np.ndarray, ids: np.ndarray, lengths: np.ndarray) -> None:
+        known = np.fromiter(map(self.ids.get, types, [-1] * len(types)), dtype=np.int64, count=len(types))
+        new = np.flatnonzero(known < 0)
+        if len(new):
+            first = len(self.ids)
+            self.ids.update(zip([types[i] for i in new.tolist()], range(first, first + len(new))))
+            known[new] = np.arange(first, first + len(new))
+        if len(self.ids) > len(self.counts):
+            self.counts = np.concatenate([self.counts, np.zeros(max(len(self.ids), 2 * len(self.counts))
+                                                                - len(self.counts), dtype=np.int64)])
+        self.counts[known] += counts  # a range's types are distinct: no repeated index
+        global_ids = known.astype(np.int32)[ids]
+        offsets = self.n_tokens + np.cumsum(lengths)
+        if self.files is not None:
+            offsets.tofile(self.files[0])
+            global_ids.tofile(self.files[1])
+        else:
+            self.parts.append((offsets, global_ids))
+        self.n_tokens += len(ids)
+        self.n_sentences += len(lengths)
+
+    def close(self) -> None:
+        if self.files is not None:
+            for f in self.files:
+                f.close()
+
+
+def build_token_index(source, folder: str | os.PathLike | None = None, workers: int = 0,
+                      log: Callable[[str], None] | None = None, range_size: int | None = None) -> TokenIndex:
+    """Index every sentence of ``source`` (see the module docstring).
+
+    ``folder``: where to write it (replaced whole when the index is complete; None builds it
+    in memory).  ``workers``: 0 reads the source in this process; ``N >= 1`` in ``N``
+    processes, each indexing ranges of consecutive sentences (the source must pickle, as
+    the sources of :mod:`elmo_jax.data.text_source` do); the result does not depend on ``N``.
+    ``range_size``: sentences per range (default: at most 65,536, at least 4 ranges per
+    worker, at least 4,096); it does not change the result either.
+    """
+    n = len(source)
+    content_id = source.content_id() if hasattr(source, "content_id") else None
+    t0 = time.perf_counter()
+    tmp = None
+    if folder is not None:
+        folder = os.fspath(folder)
+        parent = os.path.dirname(os.path.abspath(folder))
+        os.makedirs(parent, exist_ok=True)
+        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", suffix=".tmp", dir=parent)
+        os.chmod(tmp, new_mode(folder=True))
+    try:
+        merger = _Merger(tmp)
+        try:
+            # ranges of at most _RANGE sentences, at least 4 per worker (for balance), at
+            # least _READ sentences each
+            size = range_size or max(_READ, min(_RANGE, -(-n // (4 * max(1, workers)))))
+            bounds = list(range(0, n, size)) + [n]
+            ranges = list(zip(bounds, bounds[1:]))
+            for result in _range_results(source, ranges, workers):
+                merger.add(*result)
+        finally:
+            merger.close()
+        if merger.n_sentences != n:
+            raise TokenIndexError(f"the source gave {merger.n_sentences} sentences, its length is {n}")
+        types = list(merger.ids)
+        counts = merger.counts[: len(types)]
+        if tmp is None:
+            offsets = np.concatenate([np.zeros(1, dtype=np.int64)] + [o for o, _ in merger.parts])
+            ids = np.concatenate([np.zeros(0, dtype=np.int32)] + [i for _, i in merger.parts])
+            index = TokenIndex(offsets, ids, counts, types, content_id)
+        else:
+            with open(os.path.join(tmp, "types.json"), "w", encoding="utf-8") as f:
+                json.dump(types, f)
+            np.save(os.path.join(tmp, "counts.npy"), counts)
+            write_json(os.path.join(tmp, "meta.json"), {
+                "version": INDEX_VERSION, "content_id": content_id, "sentences": merger.n_sentences,
+                "tokens": merger.n_tokens, "types": len(types)})
+            replace_dir(tmp, folder)
+            tmp = None
+            index = TokenIndex.open(folder)
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    if log is not None:
+        log(f"indexed {n:,} sentences ({index.num_tokens():,} tokens, {index.num_types:,} distinct) in "
+            f"{time.perf_counter() - t0:.1f} s" + (f" -> {folder}" if folder else ""))
+    return index
+
+
+def _range_results(source, ranges: list[tuple[int, int]], workers: int):
+    """``_index_range`` of each range, in range order (at most ``2 * workers`` ahead)."""
+    if workers <= 0 or len(ranges) < 2:
+        for a, b in ranges:
+            yield _index_range(source, a, b)
+        return
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    from elmo_jax.data.prefetch import DataWorkerError, _context
+
+    with ProcessPoolExecutor(min(workers, len(ranges)), mp_context=_context()) as pool:
+        pending = []
+        todo = iter(ranges)
+        for a, b in todo:
+            pending.append(pool.submit(_index_range, source, a, b))
+            if len(pending) >= 2 * workers:
+                break
+        while pending:
+            try:
+                result = pending.pop(0).result()
+            except BrokenProcessPool as e:
+                raise DataWorkerError(f"a token indexing worker process died ({e}). Out of memory? Try fewer "
+                                      f"data_workers") from None
+            for a, b in todo:
+                pending.append(pool.submit(_index_range, source, a, b))
+                break
+            yield result
+
+
+def open_or_build(source, folder: str | os.PathLike, workers: int = 0, log: Callable[[str], None] | None = None,
+                  may_build: bool = True) -> TokenIndex:
+    """The index of ``source`` in ``folder``: opened if it is complete and was built from the
+    same content (``source.content_id()``), else built there (replacing what was there)."""
+    folder = os.fspath(folder)
+    meta = read_meta(folder)
+    wanted = source.content_id() if hasattr(source, "content_id") else None
+    if meta is not None and wanted is not None and meta.get("content_id") == wanted and meta["sentences"] == len(source):
+        try:
+            return TokenIndex.open(folder)
+        except TokenIndexError as e:
+            if not may_build:
+                raise
+            if log is not None:
+                log(f"rebuilding the token index: {e}")
+    elif not may_build:
+        raise TokenIndexError(f"{folder} holds no token index of this data (content {wanted})")
+    if log is not None:
+        log(f"indexing {len(source):,} sentences into {folder} ({workers} worker processes)")
+    return build_token_index(source, folder, workers, log)

@@ -1,0 +1,168 @@
+"""The token index: built once (in memory, on disk, in parallel: the same arrays), read by
+the batcher with numpy gathers (the same batches and states as reading the source), and
+never half-written or silently stale."""
+
+import json
+import multiprocessing
+import os
+import pickle
+from collections import Counter
+
+import numpy as np
+import pytest
+
+from elmo_jax import chars
+from elmo_jax.data.batches import IndexChunkEncoder, LMBatcher
+from elmo_jax.data.text_source import InMemorySource, LocalTextSource
+from elmo_jax.data.token_index import TokenIndex, TokenIndexError, build_token_index, open_or_build
+from elmo_jax.data.vocab import Vocabulary
+from test_batches import _corpus
+from test_data_pipeline import BEFORE, _digest
+
+
+@pytest.fixture(scope="module")
+def data():
+    sents = _corpus(n=90, max_len=25)
+    source = InMemorySource(sents)
+    return source, Vocabulary.build(sents, max_size=30), build_token_index(source)
+
+
+@pytest.mark.parametrize("case", range(len(BEFORE)))
+@pytest.mark.parametrize("read_chunk", [1, 7, 1024])
+def test_batches_from_the_index_are_those_of_the_previous_implementation(data, case, read_chunk):
+    _, vocab, index = data
+    kwargs, n_batches, digest = BEFORE[case]
+    assert _digest(LMBatcher(index, vocab, read_chunk=read_chunk, **kwargs)) == (n_batches, digest)
+
+
+def test_a_folder_index_read_by_worker_processes_gives_the_same_batches(data, tmp_path):
+    source, vocab, _ = data
+    index = build_token_index(source, tmp_path / "index", workers=2)
+    for kwargs, n_batches, digest in BEFORE[:3]:
+        with LMBatcher(index, vocab, read_chunk=5, workers=2, prefetch=3, **kwargs) as batcher:
+            assert _digest(batcher) == (n_batches, digest)
+    assert not multiprocessing.active_children()
+    # what travels to a worker: the folder's path and one vocabulary id per type, no corpus
+    assert len(pickle.dumps(index)) < 500
+    encoder = IndexChunkEncoder(index, vocab, 50)
+    assert len(pickle.dumps(encoder)) < 1000 + 4 * index.num_types
+
+
+def test_memory_folder_and_parallel_builds_hold_the_same_index(data, tmp_path):
+    source, _, in_memory = data
+    folder = build_token_index(source, tmp_path / "serial")
+    # 13 ranges of 7 sentences in 3 processes: types first seen in later ranges are merged
+    parallel = build_token_index(source, tmp_path / "parallel", workers=3, range_size=7)
+    for index in (folder, parallel):
+        assert index.folder is not None
+        np.testing.assert_array_equal(index.offsets_n1, in_memory.offsets_n1)
+        np.testing.assert_array_equal(index.ids_N, in_memory.ids_N)
+        np.testing.assert_array_equal(index.counts_V, in_memory.counts_V)
+        assert index.types() == in_memory.types()
+    # the index is a sentence source standing for the one it was built from
+    sents = list(source)
+    assert list(parallel) == sents
+    assert parallel.get_batch([3, 0, 89, 3]) == source.get_batch([3, 0, 89, 3])
+    assert parallel[-1] == sents[-1] and len(parallel) == len(source) == 90
+    assert parallel.num_tokens() == source.num_tokens()
+    assert parallel.content_id() == source.content_id()
+    # types in order of first occurrence, with their counts: what Vocabulary.build reads
+    assert list(parallel.counts().items()) == list(Counter(t for s in sents for t in s).items())
+    with pytest.raises(IndexError, match="out of range"):
+        parallel[90]
+
+
+def test_char_table_holds_each_types_char_ids_then_the_markers(tmp_path):
+    long_word = "x" * 40
+    sents = [["<S>", "héllo", long_word], [], ["日本", "</S>", "a"]]  # an empty sentence too
+    source = InMemorySource(sents)
+    for index in (build_token_index(source), build_token_index(source, tmp_path / "i")):
+        for C in (12, 50):
+            table = index.char_table(C)
+            types = index.types()
+            assert table.shape == (len(types) + 2, C) and table.dtype == np.int16
+            np.testing.assert_array_equal(table[: len(types)], chars.tokens_to_ids(types, C))
+            np.testing.assert_array_equal(table[len(types):], chars.batch_to_ids([[chars.BOS_TOKEN, chars.EOS_TOKEN]], C)[0])
+    assert sorted(f for f in os.listdir(tmp_path / "i") if f.startswith("chars_")) == ["chars_12.bin", "chars_50.bin"]
+    # and a batcher over sentences with markers, an empty sentence and a cut token agrees
+    vocab = Vocabulary.build(sents)
+    args = dict(batch_size=2, unroll_steps=3, max_characters_per_token=12, seed=1, num_epochs=2)
+    assert _digest(LMBatcher(index, vocab, **args)) == _digest(LMBatcher(source, vocab, **args))
+
+
+def test_states_move_between_source_and_index_batchers(data):
+    """A checkpoint written while reading the source resumes on the index, and back."""
+    source, vocab, index = data
+    args = dict(batch_size=3, unroll_steps=5, seed=2, read_chunk=4)
+    reference = [next(b) for b in [LMBatcher(source, vocab, **args)] for _ in range(40)]
+    a = LMBatcher(source, vocab, **args)
+    for _ in range(13):
+        next(a)
+    b = LMBatcher(index, vocab, **args)
+    b.set_state(json.loads(json.dumps(a.get_state())))
+    for i in range(13, 27):
+        got = next(b)
+        for k in got:
+            np.testing.assert_array_equal(got[k], reference[i][k], err_msg=f"{k} @ {i}")
+    c = LMBatcher(source, vocab, **args)
+    c.set_state(b.get_state())
+    np.testing.assert_array_equal(next(c)["bwd_char_ids"], reference[27]["bwd_char_ids"])
+
+
+class FailingSource(InMemorySource):
+    def get_batch(self, indices):
+        if 40 in [int(i) for i in indices]:
+            raise RuntimeError("the disk went away at sentence 40")
+        return super().get_batch(indices)
+
+
+def test_damaged_stale_or_failed_indexes_never_serve_batches(data, tmp_path):
+    source, _, _ = data
+    folder = tmp_path / "index"
+    logs = []
+    index = open_or_build(source, folder, log=logs.append)
+    assert any("indexing 90 sentences" in line for line in logs)
+    logs.clear()
+    assert open_or_build(source, folder, log=logs.append).num_tokens() == index.num_tokens()
+    assert logs == []  # opened, not rebuilt
+
+    # a cut file is named, and rebuilt by open_or_build
+    ids = folder / "ids.bin"
+    with open(ids, "r+b") as f:
+        f.truncate(ids.stat().st_size - 4)
+    with pytest.raises(TokenIndexError, match="ids.bin has .* bytes.*damaged"):
+        TokenIndex.open(folder)
+    with pytest.raises(TokenIndexError, match="damaged"):
+        open_or_build(source, folder, may_build=False)
+    rebuilt = open_or_build(source, folder, log=logs.append)
+    assert any("rebuilding the token index" in line for line in logs)
+    np.testing.assert_array_equal(rebuilt.ids_N, data[2].ids_N)
+
+    # other sentences: another content id, so the index is made again
+    other = InMemorySource([["new", "text"]] * 5)
+    assert list(open_or_build(other, folder)) == [["new", "text"]] * 5
+    with pytest.raises(TokenIndexError, match="no token index of this data"):
+        open_or_build(source, folder, may_build=False)
+
+    # a build that fails leaves the previous index whole, and no temporary folder
+    with pytest.raises(RuntimeError, match="disk went away"):
+        build_token_index(FailingSource(list(source)), folder)
+    assert list(TokenIndex.open(folder)) == [["new", "text"]] * 5
+    assert sorted(os.listdir(tmp_path)) == ["index"]
+
+    with pytest.raises(TokenIndexError, match="no complete token index"):
+        TokenIndex.open(tmp_path / "nothing")
+
+
+def test_an_index_of_prepared_local_text_reads_as_the_text_does(tmp_path):
+    sents = _corpus(n=40, max_len=12)
+    path = tmp_path / "corpus.txt"
+    path.write_text("".join(" ".join(s) + "\n" for s in sents), encoding="utf-8")
+    source = LocalTextSource(str(path), tmp_path / "tfds")
+    index = open_or_build(source, tmp_path / "index", workers=2)
+    assert index.content_id() == source.content_id()
+    assert list(index) == list(source) == sents
+    vocab = Vocabulary.build(index.counts(), max_size=25)
+    assert vocab == Vocabulary.build(source, max_size=25)
+    args = dict(batch_size=3, unroll_steps=4, seed=3, num_epochs=1)
+    assert _digest(LMBatcher(index, vocab, **args)) == _digest(LMBatcher(source, vocab, **args))
