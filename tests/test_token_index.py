@@ -72,7 +72,7 @@ def test_memory_folder_and_parallel_builds_hold_the_same_index(data, tmp_path):
         parallel[90]
 
 
-def test_char_table_holds_each_types_char_ids_then_the_markers(tmp_path):
+def test_char_table_holds_each_types_char_ids_then_the_markers_and_padding(tmp_path):
     long_word = "x" * 40
     sents = [["<S>", "héllo", long_word], [], ["日本", "</S>", "a"]]  # an empty sentence too
     source = InMemorySource(sents)
@@ -80,9 +80,11 @@ def test_char_table_holds_each_types_char_ids_then_the_markers(tmp_path):
         for C in (12, 50):
             table = index.char_table(C)
             types = index.types()
-            assert table.shape == (len(types) + 2, C) and table.dtype == np.int16
+            assert table.shape == (len(types) + 3, C) and table.dtype == np.int16
             np.testing.assert_array_equal(table[: len(types)], chars.tokens_to_ids(types, C))
-            np.testing.assert_array_equal(table[len(types):], chars.batch_to_ids([[chars.BOS_TOKEN, chars.EOS_TOKEN]], C)[0])
+            markers = chars.batch_to_ids([[chars.BOS_TOKEN, chars.EOS_TOKEN]], C)[0]
+            np.testing.assert_array_equal(table[len(types) : len(types) + 2], markers)
+            assert not table[-1].any()  # the padding row
     assert sorted(f for f in os.listdir(tmp_path / "i") if f.startswith("chars_")) == ["chars_12.bin", "chars_50.bin"]
     # and a batcher over sentences with markers, an empty sentence and a cut token agrees
     vocab = Vocabulary.build(sents)

@@ -48,8 +48,9 @@ num_epochs=1)``: sentences in corpus order dealt to the rows as they need them, 
 ``StopIteration`` at the end; average the loss over masked positions.
 
 How a window is built: the shuffled order is read in chunks of ``read_chunk`` positions,
-each chunk encoded once (one token-table lookup for all its words; markers and reversal by
-index arithmetic).  Which row takes which sentence depends only on sentence lengths; the
+each chunk encoded once: from a :class:`~elmo_jax.data.token_index.TokenIndex` (what
+training reads) by array gathers of the sentences' type ids, from any other source by one
+token-table lookup for all its words; markers and reversal by index arithmetic.  Which row takes which sentence depends only on sentence lengths; the
 window's char ids and targets are then gathered from the chunks in bulk.  The batches are
 byte-identical to those of the earlier per-row implementation (tests/test_data_pipeline.py
 holds digests of its output).  With ``workers=N`` the chunks are encoded in ``N`` worker
@@ -194,7 +195,7 @@ class IndexChunkEncoder:
         self._setup()
 
     def _setup(self) -> None:
-        self.chars_VC = self.index.char_table(self.max_chars)  # rows V, V + 1: <S>, </S>
+        self.chars_VC = self.index.char_table(self.max_chars)  # rows V, V + 1, V + 2: <S>, </S>, zeros
         self.bos_row, self.eos_row = self.index.num_types, self.index.num_types + 1
 
     def __getstate__(self) -> dict:
@@ -275,12 +276,6 @@ class EncodedChunk:
         self.ids_N, self.chars_NC, self.starts, self.types_N = ids_N, chars_NC, starts, types_N
         self.lengths_n = np.diff(starts)
         self.lengths = self.lengths_n.tolist()  # Python ints: read one at a time
-
-    def chars(self, rows: np.ndarray, table_VC: np.ndarray | None) -> np.ndarray:
-        """Char ids ``[len(rows), C]`` of tokens ``rows``."""
-        if self.types_N is None:
-            return self.chars_NC[rows]
-        return table_VC[self.types_N[rows]]
 
     def __reduce__(self):
         return EncodedChunk, (self.ids_N, self.chars_NC, self.starts, self.types_N)
@@ -369,15 +364,26 @@ class _Stream:
         avail, offsets, queues = self.avail, self.offsets, self.queues
         # 1. Row assignment from lengths only, rows in order 0..B-1 (the draw order).
         if self.next_pos < n_order:
-            for r in np.flatnonzero(avail < T + 1).tolist():
+            needy = np.flatnonzero(avail < T + 1).tolist()
+            filled = []
+            p = self.next_pos
+            c, i = divmod(p, R)
+            lens = self.chunk(c).lengths if needy else []  # Python ints of chunk c
+            for r in needy:
                 a, q = int(avail[r]), queues[r]
-                while a < T + 1 and self.next_pos < n_order:
-                    q.append(self.next_pos)
-                    a += self.length(self.next_pos)
-                    self.next_pos += 1
-                avail[r] = a
-                if self.next_pos >= n_order:
+                while a < T + 1 and p < n_order:
+                    if i == len(lens):
+                        c, i = c + 1, 0
+                        lens = self.chunk(c).lengths
+                    q.append(p)
+                    a += lens[i]
+                    i += 1
+                    p += 1
+                filled.append(a)
+                if p >= n_order:
                     break
+            avail[needy[: len(filled)]] = filled
+            self.next_pos = p
         k_B = np.minimum(T, avail - 1)  # inputs that have a target
         # 2. Every queued sentence of every row, flattened (rows in order): its row, its
         #    length, where it starts in the row's token stream and in its chunk.
@@ -418,13 +424,24 @@ class _Stream:
         is_input = t < k_B[tok_row]
         is_target = t >= 1
         table_VC = getattr(self.o._encoder, "chars_VC", None)  # chunks of a token index
+        # one flat index per token instead of (row, time) pairs: [B, T] viewed as [B * T]
+        at_input = tok_row * T + t
+        char_out_BtC = char_out.reshape(-1, char_out.shape[-1])
+        tgt_out_Bt = tgt_out.reshape(-1)
+        if table_VC is not None:  # each position's row of the table (padding: its zero row)
+            rows_Bt = np.full(len(tgt_out_Bt), len(table_VC) - 1, dtype=np.int32)
         for c in chunk_ids:
             ch = self._chunks[c]
             sel = tok_chunk == c
             inp = sel & is_input
-            char_out[tok_row[inp], t[inp]] = ch.chars(src[inp], table_VC)
+            if table_VC is None:
+                char_out_BtC[at_input[inp]] = ch.chars_NC[src[inp]]
+            else:
+                rows_Bt[at_input[inp]] = ch.types_N[src[inp]]
             tg = sel & is_target
-            tgt_out[tok_row[tg], t[tg] - 1] = ch.ids_N[src[tg]]
+            tgt_out_Bt[at_input[tg] - 1] = ch.ids_N[src[tg]]
+        if table_VC is not None:  # one contiguous gather, then one cast to the output's dtype
+            char_out_BtC[...] = table_VC[rows_Bt]
         mask_out[np.arange(T)[None, :] < k_B[:, None]] = 1.0
         # 4. Advance; drop the sentences all of whose tokens have been read as input.
         new_offsets = offsets + np.maximum(k_B, 0)
@@ -438,9 +455,23 @@ class _Stream:
         self._drop_finished_chunks()
 
     # -- state -------------------------------------------------------------------------
+    def snapshot(self) -> tuple:
+        """The stream's position, cheaply (numpy copies; taken after every batch a pipeline
+        builds ahead): ``state_of`` turns it into :meth:`get_state`'s form."""
+        q_lens = np.fromiter(map(len, self.queues), dtype=np.int64, count=len(self.queues))
+        flat = np.fromiter(itertools.chain.from_iterable(self.queues), dtype=np.int64, count=int(q_lens.sum()))
+        return self.next_pos, self.offsets.copy(), flat, q_lens
+
+    @staticmethod
+    def state_of(snapshot: tuple) -> dict:
+        next_pos, offsets, flat, q_lens = snapshot
+        ends = np.cumsum(q_lens).tolist()
+        flat = flat.tolist()
+        return {"next_pos": int(next_pos),
+                "rows": [[o, flat[e - n : e]] for o, e, n in zip(offsets.tolist(), ends, q_lens.tolist())]}
+
     def get_state(self) -> dict:
-        return {"next_pos": int(self.next_pos),
-                "rows": [[int(o), [int(p) for p in q]] for o, q in zip(self.offsets.tolist(), self.queues)]}
+        return self.state_of(self.snapshot())
 
     def set_state(self, epoch: int, state: dict) -> None:
         self.start_epoch(epoch)
@@ -646,13 +677,23 @@ class LMBatcher(Iterator[dict]):
         return self._build_state()
 
     def _build_state(self) -> dict:
+        return self._state_of(self._snapshot())
+
+    def _snapshot(self) -> tuple:
+        """:meth:`get_state` after the batch just built, in a form that is cheap to take
+        (what a pipeline keeps beside each batch built ahead); see :meth:`_state_of`."""
+        return (int(self.epoch), int(self.batches_in_epoch), bool(self._finished),
+                [s.snapshot() for s in self._streams])
+
+    def _state_of(self, snapshot: tuple) -> dict:
+        epoch, batches_in_epoch, finished, streams = snapshot
         return {
             "version": STATE_VERSION,
             **self._config_fingerprint(),
-            "epoch": int(self.epoch),
-            "batches_in_epoch": int(self.batches_in_epoch),
-            "finished": bool(self._finished),
-            **{name: s.get_state() for name, s in zip(_DIRECTIONS, self._streams)},
+            "epoch": epoch,
+            "batches_in_epoch": batches_in_epoch,
+            "finished": finished,
+            **{name: _Stream.state_of(snap) for name, snap in zip(_DIRECTIONS, streams)},
         }
 
     def set_state(self, state: dict) -> None:

@@ -169,7 +169,7 @@ class BatchPipeline:
     def __init__(self, batcher, depth: int):
         self._batcher = batcher
         self._depth = max(1, int(depth))
-        self._state: dict | None = None  # after the last batch handed out; None: ask the batcher
+        self._state = None  # snapshot after the last batch handed out; None: ask the batcher
         self._thread: threading.Thread | None = None
         self._queue: queue.Queue | None = None
         self._stop: threading.Event | None = None
@@ -178,7 +178,7 @@ class BatchPipeline:
     # -- thread ------------------------------------------------------------------------
     def _start(self) -> None:
         if self._state is None:
-            self._state = self._batcher._build_state()
+            self._state = self._batcher._snapshot()
         self._queue = queue.Queue(self._depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, args=(self._queue, self._stop),
@@ -200,12 +200,12 @@ class BatchPipeline:
             try:
                 batch = b._build_next()
             except StopIteration:
-                put(("end", None, b._build_state()))
+                put(("end", None, b._snapshot()))
                 return
             except BaseException as e:  # noqa: BLE001 - handed to the consumer
                 put(("error", e, None))
                 return
-            if not put(("batch", batch, b._build_state())):
+            if not put(("batch", batch, b._snapshot())):
                 return
 
     def _stop_thread(self) -> None:
@@ -248,7 +248,9 @@ class BatchPipeline:
         raise DataWorkerError(f"building a batch failed: {_describe(value)}") from value
 
     def state(self) -> dict:
-        return self._state if self._state is not None else self._batcher._build_state()
+        if self._state is None:
+            return self._batcher._build_state()
+        return self._batcher._state_of(self._state)
 
     def set_state(self, state: dict) -> None:
         self._stop_thread()

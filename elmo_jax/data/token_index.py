@@ -88,7 +88,7 @@ class TokenIndex:
             if found != size:
                 raise TokenIndexError(f"{path} has {found} bytes, its meta.json says {size}: the index is damaged; "
                                       f"delete {folder} and it is rebuilt")
-        counts = np.load(os.path.join(folder, "counts.npy"))
+        counts = np.load(os.path.join(folder, "counts.npy"), mmap_mode="r")
         if counts.shape != (V,):
             raise TokenIndexError(f"{folder}/counts.npy holds {counts.shape}, expected ({V},): delete {folder} "
                                   f"and it is rebuilt")
@@ -132,12 +132,12 @@ class TokenIndex:
         return np.fromiter(map(vocab.id_of, self.types()), dtype=np.int32, count=self.num_types)
 
     def char_table(self, max_chars: int) -> np.ndarray:
-        """int16 ``[V + 2, max_chars]``: each type's char ids
+        """int16 ``[V + 3, max_chars]``: each type's char ids
         (:func:`elmo_jax.chars.tokens_to_ids`), then those of ``<S>`` (row ``V``) and
-        ``</S>`` (row ``V + 1``).  A folder index keeps it as ``chars_<max_chars>.bin``
-        (made on the first call, memory-mapped after)."""
+        ``</S>`` (row ``V + 1``), then zeros (row ``V + 2``: padding).  A folder index keeps
+        it as ``chars_<max_chars>.bin`` (made on the first call, memory-mapped after)."""
         max_chars = int(max_chars)
-        shape = (self.num_types + 2, max_chars)
+        shape = (self.num_types + 3, max_chars)
         if self.folder is None:
             return _char_ids(self.types(), max_chars)
         path = os.path.join(self.folder, f"chars_{max_chars}.bin")
@@ -192,9 +192,9 @@ def _map(path: str, dtype, shape) -> np.ndarray:
 
 
 def _char_ids(types: Sequence[str], max_chars: int) -> np.ndarray:
-    """int16 ``[len(types) + 2, max_chars]``: the types' char ids, then ``<S>``'s and ``</S>``'s."""
+    """int16 ``[len(types) + 3, max_chars]``: the types' char ids, ``<S>``'s, ``</S>``'s, zeros."""
     types = list(types) + [chars_lib.BOS_TOKEN, chars_lib.EOS_TOKEN]
-    table = np.empty((len(types), max_chars), dtype=np.int16)
+    table = np.zeros((len(types) + 1, max_chars), dtype=np.int16)
     for a in range(0, len(types), _CHAR_BLOCK):
         block = types[a : a + _CHAR_BLOCK]
         table[a : a + len(block)] = chars_lib.tokens_to_ids(block, max_chars)
