@@ -344,11 +344,14 @@ def _range_results(source, ranges: list[tuple[int, int]], workers: int):
 
     from elmo_jax.data.prefetch import DataWorkerError, _context
 
-    with ProcessPoolExecutor(min(workers, len(ranges)), mp_context=_context()) as pool:
+    # The source goes to each worker once (a source held in memory pickles whole), then
+    # only range bounds travel.
+    with ProcessPoolExecutor(min(workers, len(ranges)), mp_context=_context(), initializer=_hold_source,
+                             initargs=(source,)) as pool:
         pending = []
         todo = iter(ranges)
         for a, b in todo:
-            pending.append(pool.submit(_index_range, source, a, b))
+            pending.append(pool.submit(_index_held_range, a, b))
             if len(pending) >= 2 * workers:
                 break
         while pending:
@@ -358,9 +361,23 @@ def _range_results(source, ranges: list[tuple[int, int]], workers: int):
                 raise DataWorkerError(f"a token indexing worker process died ({e}). Out of memory? Try fewer "
                                       f"data_workers") from None
             for a, b in todo:
-                pending.append(pool.submit(_index_range, source, a, b))
+                pending.append(pool.submit(_index_held_range, a, b))
                 break
             yield result
+
+
+# The source of a build worker process, set by the pool's initializer (ProcessPoolExecutor
+# calls module-level functions, so a process-wide value by necessity; worker processes only).
+_HELD_SOURCE = None
+
+
+def _hold_source(source) -> None:
+    global _HELD_SOURCE
+    _HELD_SOURCE = source
+
+
+def _index_held_range(start: int, stop: int):
+    return _index_range(_HELD_SOURCE, start, stop)
 
 
 def open_or_build(source, folder: str | os.PathLike, workers: int = 0, log: Callable[[str], None] | None = None,
