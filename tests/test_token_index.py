@@ -168,3 +168,24 @@ def test_an_index_of_prepared_local_text_reads_as_the_text_does(tmp_path):
     assert vocab == Vocabulary.build(source, max_size=25)
     args = dict(batch_size=3, unroll_steps=4, seed=3, num_epochs=1)
     assert _digest(LMBatcher(index, vocab, **args)) == _digest(LMBatcher(source, vocab, **args))
+
+
+def test_training_reads_its_index_made_once_and_logs_its_wait_for_data(tmp_path):
+    """A run indexes its text once (a resume opens the index), trains on it, and records the
+    fraction of its time spent waiting for batches."""
+    from test_train import _cfg
+
+    from elmo_jax.train.loop import train
+
+    logs = []
+    cfg = _cfg(tmp_path, max_steps=3, checkpoint_every=3)
+    train(cfg, str(tmp_path / "run"), progress=False, log=logs.append)
+    assert sum("indexing" in line for line in logs) == 1
+    index = TokenIndex.open(tmp_path / "run" / "token_index" / "train")
+    assert len(index) == 60 and index.content_id() == LocalTextSource(cfg.data, cfg.data_dir).content_id()
+    logs.clear()
+    train(_cfg(tmp_path, max_steps=5, checkpoint_every=3), str(tmp_path / "run"), progress=False, log=logs.append)
+    assert any("resuming from" in line for line in logs) and not any("indexing" in line for line in logs)
+    records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8")]
+    waits = [r["data_wait"] for r in records if r["kind"] == "train"]
+    assert len(waits) == 5 and all(0.0 <= w <= 1.0 for w in waits)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import time
 from typing import Any, Callable
 
 import jax
@@ -168,10 +169,12 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
             if pretrained_start and eval_fn is not None:  # where the new domain starts from
                 run_eval(0, runner, d_train, writer, stop, log, **eval_args)
             while step < total_steps:
+                waited = time.perf_counter()
                 batch = next(batcher)
+                waited = time.perf_counter() - waited
                 d_train, d_lstm, metrics = train_step(runner, d_train, d_lstm, batch, base_key, step)
                 step += 1
-                window.add(step, metrics)
+                window.add(step, metrics, waited)
                 bar.update(1)
                 if step % cfg.log_every == 0 or step == total_steps:
                     if record := log_train(step, window, runner, ckpts, writer, bar, **record_args):

@@ -98,9 +98,12 @@ class TrainWindow:
         self.fetched: list[tuple[int, dict]] = []  # on the host, checked, not yet recorded
         self.start_step = step
         self.start_time = time.perf_counter()
+        self.data_s = 0.0  # time the loop spent waiting for batches in this window
 
-    def add(self, step: int, device_metrics: Any) -> None:
+    def add(self, step: int, device_metrics: Any, data_s: float = 0.0) -> None:
+        """One step's metrics, and the seconds the loop waited for its batch."""
         self.pending.append((step, device_metrics))
+        self.data_s += data_s
 
     def fetch(self, to_host: Callable[[Any], dict]) -> list[tuple[int, dict]]:
         """Bring the pending metrics to the host; returns them (the newly fetched)."""
@@ -121,11 +124,12 @@ class TrainWindow:
              "bwd_loss": float(bwd), "grad_norm": float(fetched[-1][1]["grad_norm"])}
         elapsed = time.perf_counter() - self.start_time
         m["tokens_per_sec"] = tokens_per_step * (step - self.start_step) / max(elapsed, 1e-9)
+        m["data_wait"] = min(1.0, self.data_s / max(elapsed, 1e-9))  # fraction of the time
         m["epoch"] = step / steps_per_epoch
         if with_perplexity:
             m["perplexity"] = perplexity(0.5 * (m["fwd_loss"] + m["bwd_loss"]))
         self.fetched = []
-        self.start_step, self.start_time = step, time.perf_counter()
+        self.start_step, self.start_time, self.data_s = step, time.perf_counter(), 0.0
         return m
 
 
