@@ -189,3 +189,19 @@ def test_training_reads_its_index_made_once_and_logs_its_wait_for_data(tmp_path)
     records = [json.loads(line) for line in open(tmp_path / "run" / "metrics.jsonl", encoding="utf-8")]
     waits = [r["data_wait"] for r in records if r["kind"] == "train"]
     assert len(waits) == 5 and all(0.0 <= w <= 1.0 for w in waits)
+
+
+def test_an_index_gone_from_under_the_workers_is_their_error_and_no_worker_is_left(data, tmp_path):
+    import shutil
+
+    from elmo_jax.data.prefetch import DataWorkerError
+
+    source, vocab, _ = data
+    index = build_token_index(source, tmp_path / "index")
+    batcher = LMBatcher(index, vocab, batch_size=2, unroll_steps=4, read_chunk=8, workers=2)
+    shutil.rmtree(tmp_path / "index")  # workers open the folder on their first chunk
+    with pytest.raises(DataWorkerError, match="holds no complete token index"):
+        for _ in range(100):
+            next(batcher)
+    batcher.close()
+    assert not multiprocessing.active_children()

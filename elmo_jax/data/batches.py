@@ -199,14 +199,23 @@ class IndexChunkEncoder:
         self.bos_row, self.eos_row = self.index.num_types, self.index.num_types + 1
 
     def __getstate__(self) -> dict:
-        return {"index": self.index, "max_chars": self.max_chars, "vocab_ids_V": self.vocab_ids_V,
-                "bos_id": self.bos_id, "eos_id": self.eos_id}
+        # A folder index is reopened on the first chunk, not while unpickling, so that a
+        # folder gone missing is reported as the worker's error, not as a dead worker.
+        index = self.index if self.index.folder is None else None
+        return {"index": index, "folder": self.index.folder, "max_chars": self.max_chars,
+                "vocab_ids_V": self.vocab_ids_V, "bos_id": self.bos_id, "eos_id": self.eos_id}
 
     def __setstate__(self, state: dict) -> None:
+        folder = state.pop("folder")
         self.__dict__.update(state)
-        self._setup()
+        self._folder = folder
+        if self.index is not None:
+            self._setup()
 
     def __call__(self, positions: Sequence[int], reverse: bool) -> EncodedChunk:
+        if self.index is None:  # unpickled in a worker: open the folder now
+            self.index = TokenIndex.open(self._folder)
+            self._setup()
         lens_n, types = self.index.sentence_types(positions)
         starts, (ids_N, types_N) = assemble_chunk(
             lens_n, [(self.vocab_ids_V[types], self.bos_id, self.eos_id), (types, self.bos_row, self.eos_row)],
