@@ -32,6 +32,7 @@ is built in memory (small corpora, tests).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import shutil
@@ -247,7 +248,7 @@ class _Merger:
             np.zeros(1, dtype=np.int64).tofile(self.files[0])
 
     def add(self, types: list[str], counts: np.ndarray, ids: np.ndarray, lengths: np.ndarray) -> None:
-        known = np.fromiter(map(self.ids.get, types, [-1] * len(types)), dtype=np.int64, count=len(types))
+        known = np.fromiter(map(self.ids.get, types, itertools.repeat(-1)), dtype=np.int64, count=len(types))
         new = np.flatnonzero(known < 0)
         if len(new):
             first = len(self.ids)
@@ -316,7 +317,7 @@ def build_token_index(source, folder: str | os.PathLike | None = None, workers: 
             index = TokenIndex(offsets, ids, counts, types, content_id)
         else:
             with open(os.path.join(tmp, "types.json"), "w", encoding="utf-8") as f:
-                json.dump(types, f)
+                f.write(json.dumps(types))  # one C-level encode (json.dump iterates in Python)
             np.save(os.path.join(tmp, "counts.npy"), counts)
             write_json(os.path.join(tmp, "meta.json"), {
                 "version": INDEX_VERSION, "content_id": content_id, "sentences": merger.n_sentences,
