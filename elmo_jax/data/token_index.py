@@ -140,13 +140,13 @@ class TokenIndex:
         max_chars = int(max_chars)
         shape = (self.num_types + 3, max_chars)
         if self.folder is None:
-            return _char_ids(self.types(), max_chars)
+            return np.concatenate(list(_char_id_blocks(self.types(), max_chars)))
         path = os.path.join(self.folder, f"chars_{max_chars}.bin")
         if os.path.exists(path) and os.path.getsize(path) == 2 * shape[0] * shape[1]:
             return _map(path, np.int16, shape)
-        table = _char_ids(self.types(), max_chars)
-        with atomic_path(path) as tmp:  # concurrent makers write identical bytes
-            table.tofile(tmp)
+        with atomic_path(path) as tmp, open(tmp, "wb") as f:  # concurrent makers write identical bytes
+            for block in _char_id_blocks(self.types(), max_chars):  # never the whole table in memory
+                block.tofile(f)
         return _map(path, np.int16, shape)
 
     # -- the sentence-source protocol -------------------------------------------------
@@ -192,14 +192,12 @@ def _map(path: str, dtype, shape) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r", shape=shape).view(np.ndarray)
 
 
-def _char_ids(types: Sequence[str], max_chars: int) -> np.ndarray:
-    """int16 ``[len(types) + 3, max_chars]``: the types' char ids, ``<S>``'s, ``</S>``'s, zeros."""
+def _char_id_blocks(types: Sequence[str], max_chars: int):
+    """int16 blocks of rows: the types' char ids, ``<S>``'s, ``</S>``'s, then a zero row."""
     types = list(types) + [chars_lib.BOS_TOKEN, chars_lib.EOS_TOKEN]
-    table = np.zeros((len(types) + 1, max_chars), dtype=np.int16)
     for a in range(0, len(types), _CHAR_BLOCK):
-        block = types[a : a + _CHAR_BLOCK]
-        table[a : a + len(block)] = chars_lib.tokens_to_ids(block, max_chars)
-    return table
+        yield chars_lib.tokens_to_ids(types[a : a + _CHAR_BLOCK], max_chars).astype(np.int16)
+    yield np.zeros((1, max_chars), dtype=np.int16)
 
 
 def read_meta(folder: str) -> dict | None:
