@@ -49,7 +49,7 @@ from elmo_jax.errors import ElmoError
 __all__ = ["INDEX_VERSION", "TokenIndex", "TokenIndexError", "build_token_index", "open_or_build"]
 
 INDEX_VERSION = 1
-_RANGE = 1 << 16  # sentences per build task: bounds a task's memory (~2M tokens)
+_RANGE = 1 << 16  # sentences per build task (~2M tokens: 7 MB of ids, and its distinct tokens)
 _READ = 4096  # sentences per get_batch while building
 _CHAR_BLOCK = 1 << 16  # types converted to char ids at once
 
@@ -217,17 +217,20 @@ def read_meta(folder: str) -> dict | None:
 # -- building -------------------------------------------------------------------------
 def _index_range(source, start: int, stop: int) -> tuple[list[str], np.ndarray, np.ndarray, np.ndarray]:
     """Sentences ``start..stop-1``: (their types in order of first occurrence, each type's
-    count, the tokens as ids into those types, each sentence's length)."""
-    flat: list[str] = []
+    count, the tokens as ids into those types, each sentence's length).  Read and numbered
+    ``_READ`` sentences at a time, so that only one read's token strings are held."""
+    local: dict[str, int] = {}
+    ids_parts: list[np.ndarray] = []
     lengths: list[int] = []
     for at in range(start, stop, _READ):
-        for tokens in source.get_batch(range(at, min(at + _READ, stop))):
-            flat.extend(tokens)
-            lengths.append(len(tokens))
-    types = list(dict.fromkeys(flat))
-    local = dict(zip(types, range(len(types))))
-    ids = np.fromiter(map(local.__getitem__, flat), dtype=np.int32, count=len(flat))
-    return types, np.bincount(ids, minlength=len(types)), ids, np.asarray(lengths, dtype=np.int64)
+        sentences = source.get_batch(range(at, min(at + _READ, stop)))
+        flat = list(itertools.chain.from_iterable(sentences))
+        lengths.extend(map(len, sentences))
+        new = [t for t in dict.fromkeys(flat) if t not in local]
+        local.update(zip(new, range(len(local), len(local) + len(new))))
+        ids_parts.append(np.fromiter(map(local.__getitem__, flat), dtype=np.int32, count=len(flat)))
+    ids = np.concatenate(ids_parts) if ids_parts else np.zeros(0, dtype=np.int32)
+    return list(local), np.bincount(ids, minlength=len(local)), ids, np.asarray(lengths, dtype=np.int64)
 
 
 class _Merger:
