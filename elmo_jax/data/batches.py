@@ -151,6 +151,8 @@ class ChunkEncoder:
     copy and build their own token table, so nothing is shared between processes.
     """
 
+    chars_VC = None  # its chunks carry their own char ids (no shared char table)
+
     def __init__(self, source, vocab: Vocabulary, max_chars: int, char_cache_size: int):
         self.source = source
         self.vocab = vocab
@@ -432,7 +434,7 @@ class _Stream:
         tok_chunk = chunk_of[seg_of]
         is_input = t < k_B[tok_row]
         is_target = t >= 1
-        table_VC = getattr(self.o._encoder, "chars_VC", None)  # chunks of a token index
+        table_VC = self.o._encoder.chars_VC  # the char table of a token index's chunks, or None
         # one flat index per token instead of (row, time) pairs: [B, T] viewed as [B * T]
         at_input = tok_row * T + t
         char_out_BtC = char_out.reshape(-1, char_out.shape[-1])
