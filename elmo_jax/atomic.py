@@ -4,8 +4,11 @@ files get the mode the umask gives any new file; an output never replaces an inp
 from __future__ import annotations
 
 import contextlib
+import glob
 import json
 import os
+import shutil
+import socket
 import tempfile
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -115,3 +118,37 @@ def file_sha256(path: str | os.PathLike) -> str:
 
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):  # no /proc (not Linux): os.kill's answer
+        return True
+
+
+def owned_temp_dir(parent: str | os.PathLike, prefix: str, suffix: str = "") -> str:
+    """A new folder ``PREFIX{host}_{pid}_XXXXXXXX{suffix}`` in ``parent`` (the mode of any
+    new folder) to build something in before renaming it into place.
+
+    A process killed by a signal cannot remove its temporary folder: the folders with this
+    prefix that a process of this host left, and that no longer runs, are removed first.
+    """
+    parent = os.fspath(parent)
+    host = socket.gethostname().replace("_", "-")
+    mine = f"{prefix}{host}_"
+    for stale in glob.glob(os.path.join(glob.escape(parent), glob.escape(mine) + "*")):
+        pid = os.path.basename(stale)[len(mine):].split("_")[0]
+        if pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}_", suffix=suffix, dir=parent)
+    os.chmod(tmp, new_mode(folder=True))  # a new folder's mode, not mkdtemp's 0o700
+    return tmp

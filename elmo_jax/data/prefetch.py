@@ -34,6 +34,7 @@ from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
+from elmo_jax.atomic import process_alive
 from elmo_jax.errors import ElmoError
 
 __all__ = ["BatchPipeline", "DataWorkerError", "WorkerChunks"]
@@ -51,25 +52,10 @@ class DataWorkerError(ElmoError):
 _WORKER_ENCODER = None
 
 
-def _process_alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie, dead but not yet reaped, counts as gone)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):  # no /proc (not Linux): os.kill's answer
-        return True
-
-
 def _exit_with(owner_pid: int) -> None:
     while True:
         time.sleep(_PARENT_POLL_S)
-        if not _process_alive(owner_pid):
+        if not process_alive(owner_pid):
             os._exit(1)
 
 

@@ -42,8 +42,6 @@ import hashlib
 import json
 import os
 import shutil
-import socket
-import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -53,7 +51,7 @@ from typing import Protocol, runtime_checkable
 import tensorflow_datasets as tfds
 
 from elmo_jax.errors import ElmoError
-from elmo_jax.atomic import new_mode, write_json
+from elmo_jax.atomic import owned_temp_dir, write_json
 from elmo_jax.chars import tokenize
 from elmo_jax.data.example_proto import example_text
 from elmo_jax.data.text_shards import byte_ranges, write_range
@@ -402,22 +400,14 @@ def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int)
     ``dataset_info.json`` / ``features.json`` and the completion marker go to a temporary
     folder beside ``builder.data_dir``, which is renamed to it at the end (so an interrupted
     or failed preparation leaves no dataset folder).  Returns the workers' CPU seconds."""
-    from elmo_jax.data.prefetch import DataWorkerError, _context, _process_alive
+    from elmo_jax.data.prefetch import DataWorkerError, _context
 
     final = builder.data_dir
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
-    # Named by host and pid, so that what a killed preparation left (a signal ends it before
-    # any cleanup) is recognised and removed by the next one on this host.
-    host = socket.gethostname().replace("_", "-")
-    for stale in globlib.glob(os.path.join(parent, f"incomplete.elmo_{globlib.escape(host)}_*")):
-        pid = os.path.basename(stale).split("_")[2]
-        if pid.isdigit() and not _process_alive(int(pid)):
-            shutil.rmtree(stale, ignore_errors=True)
-    tmp = tempfile.mkdtemp(prefix=f"incomplete.elmo_{host}_{os.getpid()}_", suffix="_" + os.path.basename(final),
-                           dir=parent)
+    # Named by host and pid: what a killed preparation left is removed by the next one.
+    tmp = owned_temp_dir(parent, "incomplete.elmo_", suffix="_" + os.path.basename(final))
     try:
-        os.chmod(tmp, new_mode(folder=True))  # a new folder's mode, not mkdtemp's 0o700
         ranges = byte_ranges([os.path.getsize(p) for p in files], workers)
         parts = [os.path.join(tmp, f"part-{k:05d}") for k in range(len(ranges))]
         digest = ContentDigest()
