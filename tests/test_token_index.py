@@ -140,6 +140,13 @@ def test_damaged_stale_or_failed_indexes_never_serve_batches(data, tmp_path):
     assert any("rebuilding the token index" in line for line in logs)
     np.testing.assert_array_equal(rebuilt.ids_N, data[2].ids_N)
 
+    # any file cut short is caught on opening, not when a batch reads it
+    types_file = folder / "types.json"
+    types_file.write_text(types_file.read_text(encoding="utf-8")[:-5], encoding="utf-8")
+    with pytest.raises(TokenIndexError, match="types.json has .* bytes.*damaged"):
+        TokenIndex.open(folder)
+    open_or_build(source, folder)
+
     # other sentences: another content id, so the index is made again
     other = InMemorySource([["new", "text"]] * 5)
     assert list(open_or_build(other, folder)) == [["new", "text"]] * 5
@@ -205,3 +212,31 @@ def test_an_index_gone_from_under_the_workers_is_their_error_and_no_worker_is_le
             next(batcher)
     batcher.close()
     assert not multiprocessing.active_children()
+
+
+def test_a_killed_builds_leftovers_are_removed_and_bad_arguments_named(data, tmp_path):
+    """A build killed by a signal cannot clean up: the next build on the host removes its
+    temporary folder once its process is gone (a running build's is kept)."""
+    import socket
+    import subprocess
+    import sys
+
+    source, _, _ = data
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    host = socket.gethostname().replace("_", "-")
+    stale = tmp_path / f".index.building_{host}_{dead}_abc.tmp"
+    stale.mkdir()
+    (stale / "ids.bin").write_bytes(b"x" * 100)
+    alive = tmp_path / f".index.building_{host}_{os.getpid()}_abc.tmp"
+    alive.mkdir()
+    build_token_index(source, tmp_path / "index")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["index", alive.name])
+
+    with pytest.raises(ValueError, match="range_size must be >= 1"):
+        build_token_index(source, range_size=0)
+    index = TokenIndex.open(tmp_path / "index")
+    with pytest.raises(IndexError, match="sentence index 90 out of range"):
+        index.get_batch([3, 90])
+    with pytest.raises(IndexError, match="sentence index -1 out of range"):
+        index.get_batch([-1])

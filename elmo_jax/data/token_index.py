@@ -16,12 +16,14 @@ On disk (``build_token_index(source, folder)``; written to a temporary folder an
 into place whole, so a reader sees a complete index or none)::
 
     FOLDER/
-      meta.json       {"version", "content_id", "sentences": n, "tokens": N, "types": V}
+      meta.json       {"version", "content_id", "sentences": n, "tokens": N, "types": V,
+                       "bytes": the size of each file below but the char tables}
       types.json      the V token strings, in id order
       counts.npy      int64 [V]   occurrences of each type
       offsets.bin     int64 [n+1] sentence i is ids[offsets[i]:offsets[i+1]]
       ids.bin         int32 [N]   type ids
-      chars_C.bin     int16 [V, C] char ids of each type for C characters per token
+      chars_C.bin     int16 [V + 3, C] char ids of each type for C characters per token, then
+                      those of <S>, </S> and a zero row
                       (made on first use, once per C)
 
 The arrays are memory-mapped: processes share them through the page cache, and no
@@ -36,14 +38,13 @@ import itertools
 import json
 import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from elmo_jax import chars as chars_lib
-from elmo_jax.atomic import atomic_path, new_mode, replace_dir, write_json
+from elmo_jax.atomic import atomic_path, owned_temp_dir, replace_dir, write_json
 from elmo_jax.errors import ElmoError
 
 __all__ = ["INDEX_VERSION", "TokenIndex", "TokenIndexError", "build_token_index", "open_or_build"]
@@ -52,6 +53,7 @@ INDEX_VERSION = 1
 _RANGE = 1 << 16  # sentences per build task (~2M tokens: 7 MB of ids, and its distinct tokens)
 _READ = 4096  # sentences per get_batch while building
 _CHAR_BLOCK = 1 << 16  # types converted to char ids at once
+_FILES = ("types.json", "counts.npy", "offsets.bin", "ids.bin")  # meta.json records their sizes
 
 
 class TokenIndexError(ElmoError):
@@ -82,14 +84,18 @@ class TokenIndex:
             raise TokenIndexError(f"{folder} holds no complete token index (no readable meta.json): delete it "
                                   f"and it is rebuilt")
         n, N, V = meta["sentences"], meta["tokens"], meta["types"]
-        expected = {"offsets.bin": 8 * (n + 1), "ids.bin": 4 * N}
+        # every file as long as when it was written (the arrays' sizes follow from the counts)
+        expected = {**meta["bytes"], "offsets.bin": 8 * (n + 1), "ids.bin": 4 * N}
         for name, size in expected.items():
             path = os.path.join(folder, name)
             found = os.path.getsize(path) if os.path.exists(path) else None
             if found != size:
                 raise TokenIndexError(f"{path} has {found} bytes, its meta.json says {size}: the index is damaged; "
                                       f"delete {folder} and it is rebuilt")
-        counts = np.load(os.path.join(folder, "counts.npy"), mmap_mode="r")
+        try:
+            counts = np.load(os.path.join(folder, "counts.npy"), mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise TokenIndexError(f"{folder}/counts.npy is unreadable ({e}): delete {folder} and it is rebuilt") from None
         if counts.shape != (V,):
             raise TokenIndexError(f"{folder}/counts.npy holds {counts.shape}, expected ({V},): delete {folder} "
                                   f"and it is rebuilt")
@@ -164,7 +170,11 @@ class TokenIndex:
         if self._types is None:  # a folder index: read the strings once, on first use
             self._types = self.types()
         types = self._types
-        lens, ids = self.sentence_types([int(i) for i in indices])
+        keys = [int(i) for i in indices]
+        bad = [i for i in keys if not 0 <= i < len(self)]
+        if bad:
+            raise IndexError(f"sentence index {bad[0]} out of range ({len(self)} sentences)")
+        lens, ids = self.sentence_types(keys)
         words = [types[t] for t in ids.tolist()]
         ends = np.cumsum(lens).tolist()
         return [words[e - n : e] for e, n in zip(ends, lens.tolist())]
@@ -209,6 +219,7 @@ def read_meta(folder: str) -> dict | None:
             return None
         for key in ("sentences", "tokens", "types"):
             meta[key] = int(meta[key])
+        meta["bytes"] = {name: int(meta["bytes"][name]) for name in _FILES}
         return meta
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -286,6 +297,8 @@ def build_token_index(source, folder: str | os.PathLike | None = None, workers: 
     ``range_size``: sentences per range (default: at most 65,536, at least 4 ranges per
     worker, at least 4,096); it does not change the result either.
     """
+    if range_size is not None and range_size < 1:
+        raise ValueError(f"range_size must be >= 1 sentence, got {range_size}")
     n = len(source)
     content_id = source.content_id() if hasattr(source, "content_id") else None
     t0 = time.perf_counter()
@@ -294,8 +307,8 @@ def build_token_index(source, folder: str | os.PathLike | None = None, workers: 
         folder = os.fspath(folder)
         parent = os.path.dirname(os.path.abspath(folder))
         os.makedirs(parent, exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(folder)}.", suffix=".tmp", dir=parent)
-        os.chmod(tmp, new_mode(folder=True))
+        # beside the folder, named by host and pid: what a killed build left is removed by the next
+        tmp = owned_temp_dir(parent, f".{os.path.basename(folder)}.building_", suffix=".tmp")
     try:
         merger = _Merger(tmp)
         try:
@@ -320,9 +333,10 @@ def build_token_index(source, folder: str | os.PathLike | None = None, workers: 
             with open(os.path.join(tmp, "types.json"), "w", encoding="utf-8") as f:
                 f.write(json.dumps(types))  # one C-level encode (json.dump iterates in Python)
             np.save(os.path.join(tmp, "counts.npy"), counts)
-            write_json(os.path.join(tmp, "meta.json"), {
+            write_json(os.path.join(tmp, "meta.json"), {  # last: an index is complete when it exists
                 "version": INDEX_VERSION, "content_id": content_id, "sentences": merger.n_sentences,
-                "tokens": merger.n_tokens, "types": len(types)})
+                "tokens": merger.n_tokens, "types": len(types),
+                "bytes": {name: os.path.getsize(os.path.join(tmp, name)) for name in _FILES}})
             replace_dir(tmp, folder)
             tmp = None
             index = TokenIndex.open(folder)
