@@ -255,3 +255,21 @@ def test_sentences_are_read_from_the_raw_records_and_other_layouts_fall_back():
     assert example_text(other_key) is None
     assert example_text(example[:-3]) is None  # truncated
     assert example_text(b"\x08\x01") is None  # a varint field: not this layout
+
+
+def test_records_of_the_writers_layout_and_other_encodings_of_it_read_the_same():
+    """The writer's own bytes are recognised by their header; the same message with a
+    length written in a longer (valid) varint takes the field-by-field path, same text."""
+    from elmo_jax.data.example_proto import example_text, text_example
+
+    for text in [b"", b"a", "ein Satz mit ünïcode".encode(), b"x" * 127, b"y" * 128, b"z" * 20000]:
+        record = text_example(text)
+        assert example_text(record) == text
+    text = b"five!"
+    record = text_example(text)
+    padded = record[:-len(text) - 1] + bytes([0x80 | len(text), 0x00]) + text  # BytesList.value length in 2 bytes
+    bigger = bytearray(padded)
+    for i in (1, 3, 11, 13):  # every enclosing length grows by the one extra byte
+        bigger[i] += 1
+    assert example_text(bytes(bigger)) == text
+    assert example_text(bytes(bigger)[:-1]) is None  # cut short: neither path accepts it

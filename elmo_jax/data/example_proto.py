@@ -30,12 +30,16 @@ _BYTE = [bytes((n,)) for n in range(0x80)]
 def text_example(text: bytes) -> bytes:
     """``tf.train.Example`` with the single bytes feature ``text``, serialized as TFDS
     serializes ``{"text": ...}`` for a ``Text`` feature (the inverse of
-    :func:`example_text`).
+    :func:`example_text`)."""
+    return _text_header(len(text)) + text
+
+
+def _text_header(n0: int) -> bytes:
+    """The bytes of :func:`text_example`'s record before a text of ``n0`` bytes.
 
     Example.features(1) -> Features.feature(1, map entry: key(1) = "text", value(2)) ->
     Feature.bytes_list(1) -> BytesList.value(1); every field length-delimited (tag 0x0a for
     field 1, 0x12 for field 2), nested from the inside out."""
-    n0 = len(text)
     v0 = _varint(n0)
     n1 = 1 + len(v0) + n0  # BytesList
     v1 = _varint(n1)
@@ -44,7 +48,7 @@ def text_example(text: bytes) -> bytes:
     n3 = 7 + len(v2) + n2  # map entry: key "text" (6 bytes), value
     v3 = _varint(n3)
     n4 = 1 + len(v3) + n3  # Features
-    return b"".join((b"\n", _varint(n4), b"\n", v3, b"\n\x04text\x12", v2, b"\n", v1, b"\n", v0, text))
+    return b"".join((b"\n", _varint(n4), b"\n", v3, b"\n\x04text\x12", v2, b"\n", v1, b"\n", v0))
 
 
 def _read_varint(buf: bytes, pos: int, end: int) -> tuple[int, int] | None:
@@ -82,11 +86,10 @@ def _header(record_length: int) -> bytes | None:
     bytes (None if no text length gives that size).  The header grows with the text, so at
     most one text length fits."""
     for size in range(16, 37):  # 11 fixed bytes and five varints of 1-5 bytes
-        n = record_length - size
-        if n >= 0:
-            record = text_example(bytes(n))
-            if len(record) == record_length:
-                return record[:size]
+        if record_length >= size:
+            header = _text_header(record_length - size)
+            if len(header) == size:
+                return header
     return None
 
 

@@ -169,9 +169,9 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
             if pretrained_start and eval_fn is not None:  # where the new domain starts from
                 run_eval(0, runner, d_train, writer, stop, log, **eval_args)
             while step < total_steps:
-                waited = time.perf_counter()
+                asked = time.perf_counter()
                 batch = next(batcher)
-                waited = time.perf_counter() - waited
+                waited = time.perf_counter() - asked
                 d_train, d_lstm, metrics = train_step(runner, d_train, d_lstm, batch, base_key, step)
                 step += 1
                 window.add(step, metrics, waited)
