@@ -10,6 +10,7 @@ import pytest
 from elmo_jax import Elmo
 from elmo_jax.cli import main
 from elmo_jax.embed_file import embed_file
+from tests.conftest import assert_close_across_programs
 
 LINES = ["the bank of the river", "她 去 银行 取钱", "", "a", "the bank of the river"]
 
@@ -128,7 +129,8 @@ def test_byte_order_mark_is_not_part_of_the_first_word(tmp_path, elmo):
         index = json.loads(f["sentence_to_index"][0])
         first = f["0"][...]
     assert index == {"Hello world": "0", "second line": "1"}
-    np.testing.assert_array_equal(first, elmo.embed(["Hello world"], layers="top")[0])
+    # embed_file batched it with the second line: another padded shape, another program.
+    assert_close_across_programs(first, elmo.embed(["Hello world"], layers="top")[0])
 
 
 def test_interrupted_write_leaves_no_file(tmp_path, elmo):

@@ -6,6 +6,7 @@ import pytest
 from elmo_jax import Elmo, ElmoConfig, batch_to_ids
 from elmo_jax.embedder import row_bucket, scan_length_bucket, time_bucket, time_buckets
 from elmo_jax.errors import ElmoError
+from tests.conftest import assert_close_across_programs
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +21,7 @@ def test_embed_shapes_order_strings_and_token_lists(tiny):
     assert all(v.dtype == np.float32 for v in out)
     # Same vectors whatever the batch company and order.
     alone = tiny.embed(["a b c"])[0]
-    np.testing.assert_allclose(out[0], alone, atol=1e-6)
+    assert_close_across_programs(out[0], alone)
     assert tiny.embed([]) == []
 
 
@@ -206,11 +207,11 @@ def test_token_cache_equals_uncached_and_skips_the_cnn(tmp_path):
     vocab = ["<S>", "</S>", "the", "bank", "of", "river", "she", "went", "to", "银行"]
     vectors = elmo.cache_vocabulary(vocab)
     assert vectors.shape == (len(vocab), 32)
-    np.testing.assert_allclose(vectors[3], plain[0][0, 1, :32], atol=1e-6)  # "bank"
+    assert_close_across_programs(vectors[3], plain[0][0, 1, :32])  # "bank"
     cached = elmo.embed(sents)
     for a, b in zip(plain, cached):
         assert a.shape == b.shape
-        np.testing.assert_allclose(b, a, atol=1e-6, rtol=0)
+        assert_close_across_programs(b, a)
     # Only the uncached words go through the CNN.
     seen = []
     real = elmo._encode_words
@@ -221,8 +222,8 @@ def test_token_cache_equals_uncached_and_skips_the_cnn(tmp_path):
     elmo.embed(["the bank of the river", "银行"])
     assert seen == []
     del elmo._encode_words
-    for a, b in zip(cached, again):
-        np.testing.assert_array_equal(a, b)
+    for a, b in zip(cached, again):  # cached words were encoded in another batch (shape)
+        assert_close_across_programs(a, b)
     # Save / load round trip of the cache file (one dataset 'embedding').
     elmo.save_token_cache(tmp_path / "cache.hdf5")
     import h5py
@@ -381,7 +382,7 @@ def test_arrays_over_several_groups_are_contiguous_separate_and_each_sentences_o
     out = tiny.embed(sents, layers)
     for i, (s, v) in enumerate(zip(sents, out)):
         assert v.flags["C_CONTIGUOUS"] and v.shape[-2] == len(s)
-        np.testing.assert_allclose(v, tiny.embed([s], layers)[0], atol=1e-6, err_msg=f"sentence {i}")
+        assert_close_across_programs(v, tiny.embed([s], layers)[0], err_msg=f"sentence {i}")
     for a, b in zip(out, out[1:]):
         assert not np.shares_memory(a, b)
     before = out[1].copy()

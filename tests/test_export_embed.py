@@ -13,6 +13,7 @@ from elmo_jax import Elmo, batch_to_ids
 from elmo_jax.embedder import row_bucket, time_bucket
 from elmo_jax.model.bilm import bilm
 from elmo_jax.weights import WeightFileError
+from tests.conftest import assert_close_across_programs
 
 MICRO = {"dim": 16, "projection_dim": 8, "embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]],
          "n_highway": 1, "max_characters_per_token": 12}
@@ -51,7 +52,9 @@ def test_export_load_embed_equals_checkpoint_forward(tmp_path):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     got = elmo.embed(SENTENCES)
     # The checkpoint's own forward on the batches embed() builds (sentences sorted by
-    # length, grouped by time bucket, rows padded to a power of two) is exactly equal.
+    # length, grouped by time bucket, rows padded to a power of two) agrees to rounding:
+    # another jit of the same computation, so not bit for bit (on AVX2 some elements
+    # differ by one ulp).
     tokens = [s.split() for s in SENTENCES]
     forward = jax.jit(bilm, static_argnums=1)
     groups = {}
@@ -65,11 +68,11 @@ def test_export_load_embed_equals_checkpoint_forward(tmp_path):
         lengths = np.array([len(tokens[i]) for i in group] + [-1] * (n_rows - len(group)), np.int32)
         ref = np.asarray(forward(ckpt.params["bilm"], ckpt.model_config, ids, None, lengths)[0])
         for row, i in enumerate(group):
-            np.testing.assert_array_equal(got[i], ref[:, row, : len(tokens[i])])
+            assert_close_across_programs(got[i], ref[:, row, : len(tokens[i])])
     # And the unpadded, un-jitted forward agrees to float rounding.
     plain, _ = bilm(ckpt.params["bilm"], ckpt.model_config, batch_to_ids(tokens, 12))
     for i, t in enumerate(tokens):
-        np.testing.assert_allclose(got[i], np.asarray(plain)[:, i, : len(t)], atol=1e-6, rtol=0)
+        assert_close_across_programs(got[i], np.asarray(plain)[:, i, : len(t)])
 
     # --overwrite replaces an earlier export, never a folder holding anything else.
     (tmp_path / "model" / "mine.txt").write_text("a user's file")
