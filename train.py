@@ -7,6 +7,7 @@ The logic lives in ``elmo_jax.train``; this file only forwards to ``elmo-jax tra
 import sys
 
 from elmo_jax.cli import main
+from elmo_jax.train.stop import exit_process
 
 if __name__ == "__main__":
-    sys.exit(main(["train", *sys.argv[1:]]))
+    exit_process(main(["train", *sys.argv[1:]]))  # 0 finished, 130 / 143 stopped and resumable

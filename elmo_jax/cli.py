@@ -72,16 +72,19 @@ def _exit_now(code: int) -> None:
 
 def _train_run(args: argparse.Namespace, cfg) -> int:
     from elmo_jax.train.loop import train
-    from elmo_jax.train.report import synthetic_report
+    from elmo_jax.train.report import probe_sizes, synthetic_report
 
     workdir = args.workdir or os.path.join("runs", cfg.model)
     summary = train(cfg, workdir, progress=not args.no_progress)
-    if summary.get("interrupted"):
-        return 0
+    if summary.get("interrupted"):  # saved and resumable, but not finished: never 0
+        from elmo_jax.train.stop import exit_status
+
+        return exit_status(summary["interrupted"])
     if summary.get("corpus_dir") and _is_main():
         print(synthetic_report(summary["corpus_dir"], summary["params"]["bilm"], summary["model_config"],
                                summary.get("eval"), vocab=summary["vocab"].tokens,
-                               progress=False if args.no_progress else None))
+                               progress=False if args.no_progress else None,
+                               **probe_sizes(summary["step"] * summary["global_batch"])))
     return 0
 
 
@@ -297,15 +300,37 @@ def main(argv: list[str] | None = None) -> int:
     elif extra:
         parser.error(f"unrecognised arguments: {' '.join(extra)}")
     try:
-        return args.func(args)
+        with _stop_at_once(args.command):
+            return args.func(args)
     except USER_ERRORS as e:
         print(f"elmo-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:  # training: a second Ctrl-C / SIGTERM while it was stopping
-        print(f"elmo-jax {args.command}: interrupted; stopped at once (the checkpoints already "
-              f"written are intact)", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"elmo-jax {args.command}: interrupted", file=sys.stderr)
         return 130
 
 
+def _stop_at_once(command: str):
+    """``train``: a signal before the loop (data preparation, compilation), or a second one
+    in it, ends the process at once with one line and status 130 / 143 (the loop saves on
+    the first; see :mod:`elmo_jax.train.stop`).  Other commands: Python's own handling."""
+    import contextlib
+
+    if command != "train":
+        return contextlib.nullcontext()
+    from elmo_jax.train.stop import exit_on_signal
+
+    return exit_on_signal(lambda name: f"elmo-jax train: stopped by {name}; the checkpoints already written "
+                                       f"are intact and the same command resumes from the latest")
+
+
+def entry() -> None:
+    """The ``elmo-jax`` program: :func:`main`'s status as the process's (a stopped run's
+    130 / 143 without interpreter teardown, see :func:`elmo_jax.train.stop.exit_process`)."""
+    from elmo_jax.train.stop import exit_process
+
+    exit_process(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -26,6 +26,8 @@ import subprocess
 import sys
 import time
 
+from elmo_jax.train.stop import EXIT_STOPPED, exit_process
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -34,7 +36,12 @@ def run(args: list[str]) -> float:
     command = [sys.executable, os.path.join(REPO, "train.py"), "--no-progress", *args]
     print("$ " + " ".join(command[1:]), flush=True)
     start = time.perf_counter()
-    subprocess.run(command, check=True)
+    code = subprocess.run(command).returncode
+    if code in EXIT_STOPPED.values():  # the run was stopped and saved: so is this script
+        print(f"domain_adaptation: stopped (status {code}); the same command resumes the runs", file=sys.stderr)
+        exit_process(code)
+    if code:
+        raise SystemExit(f"domain_adaptation: train.py failed (status {code})")
     return time.perf_counter() - start
 
 
@@ -102,4 +109,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        exit_process(main())
+    except KeyboardInterrupt:  # Ctrl-C reaches the runs too; each saves before it ends
+        print("domain_adaptation: stopped by SIGINT; the same command resumes the runs", file=sys.stderr)
+        exit_process(130)

@@ -146,4 +146,6 @@ def run(args: argparse.Namespace, workdir: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from elmo_jax.train.stop import exit_process
+
+    exit_process(main())

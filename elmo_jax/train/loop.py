@@ -209,7 +209,8 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     finally:
         bar.close()
         writer.close()
-    summary.update(step=step, interrupted=None, checkpoint=ckpts.path(step), steps_per_epoch=steps_per_epoch)
+    summary.update(step=step, interrupted=None, checkpoint=ckpts.path(step), steps_per_epoch=steps_per_epoch,
+                   global_batch=global_batch)
     summary["params"] = runner.get_train_state(d_train)["params"]
     summary["vocab"] = vocab
     summary["model_config"] = model_config

@@ -10,8 +10,26 @@ from collections.abc import Sequence
 from elmo_jax.config import ElmoConfig
 
 
+# The probes' full size (what a complete run of configs/tiny.py is scored on) ...
+PROBE_TEST_SENTENCES = 2000
+PROBE_TRAIN_SENTENCES = 20000
+# ... and the least a short run is scored on (seconds on 2 cores).
+MIN_PROBE_SENTENCES = 200
+
+
+def probe_sizes(rows_trained: int) -> dict:
+    """``synthetic_report``'s ``max_sentences`` / ``max_probe_train`` for a run that trained
+    on ``rows_trained`` rows (all its steps, resumed ones included, x the global batch):
+    the probes never embed
+    more sentences than the run trained on (at least :data:`MIN_PROBE_SENTENCES`, at most
+    the full size), so a 5-step trial is scored in seconds instead of minutes, and a
+    complete tiny run (2,670 steps x 32 rows) gets the full probes."""
+    n = max(MIN_PROBE_SENTENCES, int(rows_trained))
+    return {"max_sentences": min(PROBE_TEST_SENTENCES, n), "max_probe_train": min(PROBE_TRAIN_SENTENCES, n)}
+
+
 def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, eval_result: dict | None,
-                     max_sentences: int = 2000, max_probe_train: int = 20000, *,
+                     max_sentences: int = PROBE_TEST_SENTENCES, max_probe_train: int = PROBE_TRAIN_SENTENCES, *,
                      vocab: Sequence[str] | None = None, progress: bool | None = None) -> str:
     """A printable report; ``params`` are the biLM's (no softmax).
 
