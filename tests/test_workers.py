@@ -355,3 +355,56 @@ def test_a_training_script_without_a_main_guard_is_told_to_add_one(tmp_path):
                       encoding="utf-8")
     _run_unguarded(script)
     assert not (tmp_path / "run" / "checkpoints").exists()  # no worker trained
+
+
+@pytest.mark.slow  # two tiny training runs, one in a fresh interpreter: about 40 s on 2 loaded cores
+def test_a_data_worker_killed_during_training_is_replaced_and_the_losses_are_unchanged(tmp_path):
+    """kill -9 of one data worker after a checkpoint: the run goes on (the log says the
+    worker was replaced) and every step's loss is the one of a run without workers."""
+    import json
+
+    from elmo_jax.train.config_loader import parse_config_args
+    from elmo_jax.train.loop import train
+
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_train import MICRO, _corpus, _losses
+
+    steps = 60  # several epochs of 40 sentences: the workers encode each epoch's chunks anew
+    args = [*(f"--config.model_overrides.{k}={json.dumps(v).replace(' ', '')}" for k, v in MICRO.items()),
+            f"--config.data={_corpus(tmp_path, n=40)}", f"--config.data_dir={tmp_path / 'tfds'}",
+            "--config.batch_size=4", "--config.unroll_steps=5", "--config.num_negatives=4", "--config.epochs=1000",
+            "--config.checkpoint_every=2", "--config.log_every=1", f"--config.max_steps={steps}"]
+    cfg, rest = parse_config_args(args + ["--config.data_workers=0"])
+    assert not rest
+    train(cfg, str(tmp_path / "reference"), progress=False)
+    reference = _losses(tmp_path / "reference")
+
+    workdir = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), "--workdir", str(workdir), "--no-progress",
+                             *args, "--config.data_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        def checkpointed():
+            assert proc.poll() is None, proc.stdout.read()
+            return any(p.name.isdigit() for p in (workdir / "checkpoints").glob("*"))
+
+        _wait_for(checkpointed, "a checkpoint", timeout_s=300)
+        # the workers: children of the fork server, itself a child of the trainer
+        children = set(_descendants(proc.pid)) - {p for p in _descendants(proc.pid) if _stat(p)[1] == proc.pid}
+        assert children, "no data worker"  # started as chunks are asked for: 1 or 2
+        victim = min(children)
+        os.kill(victim, signal.SIGKILL)
+        try:
+            out, _ = proc.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise AssertionError(f"the run hung after its worker was killed:\n{proc.communicate()[0]}") from None
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert f"data worker process {victim} ended (killed by SIGKILL)" in out and "batches are unchanged" in out, out
+    resumed = _losses(workdir)
+    assert sorted(resumed) == sorted(reference) == list(range(1, steps + 1))
+    for step in reference:
+        assert resumed[step] == pytest.approx(reference[step], abs=1e-6), step
