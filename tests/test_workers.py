@@ -67,6 +67,19 @@ class _Sentences:
         return [["word", str(i % 7)] for i in indices]
 
 
+class _KillsItsReader:
+    """A sentence source whose every read kills the worker process reading it."""
+
+    def __len__(self):
+        return 20
+
+    def get_batch(self, indices):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def num_tokens(self):
+        return 40
+
+
 # A token index build in 2 workers (4 ranges), each task replaced by _announce_and_block; a
 # Ctrl-C ends it with one line, as the command line does.
 _INDEXER = textwrap.dedent("""\
@@ -292,6 +305,25 @@ def test_a_worker_killed_during_training_is_replaced_and_the_batches_are_unchang
     assert len(logs) == 2, logs
     assert f"worker process {first[0]} ended (killed by SIGKILL)" in logs[0] and "batches are unchanged" in logs[0]
     _assert_all_end(first + second + _pool_pids(b), "the batcher's close")
+
+
+def test_workers_that_keep_dying_stop_the_batches_with_one_line():
+    """No endless replacing: after MAX_REPLACEMENTS new pools that all died before a chunk
+    arrived, ``next`` raises one line naming the dead worker and the likely causes."""
+    from elmo_jax.data.batches import LMBatcher
+    from elmo_jax.data.prefetch import MAX_REPLACEMENTS, DataWorkerError
+    from elmo_jax.data.vocab import Vocabulary
+
+    logs = []
+    with LMBatcher(_KillsItsReader(), Vocabulary.build([["a"]]), batch_size=2, unroll_steps=3, workers=1,
+                   log=logs.append) as b:
+        with pytest.raises(DataWorkerError) as info:
+            next(b)
+        pids = _pool_pids(b)
+    message = str(info.value)
+    assert "\n" not in message and "(killed by SIGKILL)" in message and "out of memory" in message, message
+    assert len(logs) == MAX_REPLACEMENTS and all("killed by SIGKILL" in line for line in logs), logs
+    _assert_all_end(pids, "the batcher's close")
 
 
 def test_close_never_waits_on_a_stuck_worker():
