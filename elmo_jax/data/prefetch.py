@@ -39,7 +39,6 @@ import numpy as np
 from elmo_jax.data.workers import (
     DataWorkerError, describe_dead, pool_failure, start_pool, stop_pool, worker_statuses,
 )
-from elmo_jax.data.workers import context as _context  # noqa: F401 - the name earlier code imported
 from elmo_jax.errors import ElmoError
 
 __all__ = ["BatchPipeline", "DataWorkerError", "MAX_REPLACEMENTS", "WorkerChunks"]
@@ -159,14 +158,16 @@ class WorkerChunks:
         if failure.reimported or self._failures > MAX_REPLACEMENTS:
             raise failure
         self.replacements += 1
-        self._log(f"data {describe_dead(statuses)}: started {self.workers} new data worker processes, which "
-                  f"encode the {len(self._pending) + 1} chunks not yet received again, from the same sentence "
-                  f"positions (the batches are unchanged)")
+        again = 1  # the chunk asked for, submitted by get
         for key, (future, positions, reverse) in list(self._pending.items()):
             if future is None or not future.done() or future.cancelled() or future.exception() is not None:
                 if future is not None:
                     future.cancel()
                 self._pending[key] = (self._submit(positions, reverse), positions, reverse)
+                again += 1
+        self._log(f"data {describe_dead(statuses)}: started {self.workers} new data worker processes, which "
+                  f"encode the {again} chunks not yet received again, from the same sentence positions "
+                  f"(the batches are unchanged)")
 
     def reset(self) -> None:
         """Forget chunks requested ahead (the batcher jumped to another position)."""
