@@ -67,7 +67,7 @@ continues with exactly the batches that would have followed.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -541,6 +541,7 @@ class LMBatcher(Iterator[dict]):
         batches and states are the same for every value.  Call :meth:`close` (or use the
         batcher as a context manager) to stop the workers.
       prefetch: batches built ahead of the consumer when ``workers >= 1``.
+      log: where the line saying a dead worker process was replaced goes (default: stderr).
     """
 
     def __init__(
@@ -560,6 +561,7 @@ class LMBatcher(Iterator[dict]):
         char_cache_size: int = 500_000,
         workers: int = 0,
         prefetch: int = 8,
+        log: Callable[[str], None] | None = None,
     ):
         if batch_size < 1 or unroll_steps < 1:
             raise ValueError(f"batch_size and unroll_steps must be >= 1, got {batch_size}, {unroll_steps}")
@@ -602,7 +604,7 @@ class LMBatcher(Iterator[dict]):
         if self.workers:
             from elmo_jax.data.prefetch import BatchPipeline, WorkerChunks
 
-            self._provider = WorkerChunks(self._encoder, self.workers)
+            self._provider = WorkerChunks(self._encoder, self.workers, log)
             self._pipeline = BatchPipeline(self, prefetch)
         else:
             self._provider = _InlineChunks(self._encoder)
@@ -657,10 +659,11 @@ class LMBatcher(Iterator[dict]):
 
     # ------------------------------------------------------------------ workers
     def close(self) -> None:
-        """Stop the background thread and the worker processes (``workers >= 1``); idempotent."""
+        """Stop the background thread and the worker processes (``workers >= 1``); idempotent.
+        The workers first: the thread may be waiting for one of them."""
+        self._provider.close()
         if self._pipeline is not None:
             self._pipeline.close()
-        self._provider.close()
 
     def __enter__(self) -> "LMBatcher":
         return self

@@ -13,37 +13,37 @@
   out, i.e. the position of the next batch to be consumed, so a checkpoint resumes exactly
   whatever was built ahead, with any worker count (``0`` included).
 
-Shutdown: :meth:`LMBatcher.close` stops the thread and the pool.  Workers ignore SIGINT and
-SIGTERM (a Ctrl-C or a job scheduler's SIGTERM reaches the whole process group; the training
-process then saves a checkpoint, which needs no worker, and closes them) and exit by
-themselves within half a second when their parent process disappears (``kill -9``), so none
-is left behind.  An exception in a worker is raised in the consumer's ``next`` as
-:class:`DataWorkerError` with the worker's traceback.
+Workers and faults (:mod:`elmo_jax.data.workers`): workers ignore SIGINT (the training
+process handles a Ctrl-C: it saves a checkpoint, which needs no worker, and closes them),
+die on SIGTERM and die with their owner, even one killed by ``kill -9``.  A worker that dies
+(killed, out of memory) is replaced: the pool is started again and every chunk not yet
+received is requested again from the same sentence positions, so the batches stay exactly
+those of an uninterrupted run; the log says so.  Workers that die again before any chunk
+arrives (``MAX_REPLACEMENTS`` times in a row) end in :class:`DataWorkerError`.
+:meth:`LMBatcher.close` stops the thread and the pool in bounded time (it never waits
+on a dead or stuck worker).  An exception in a worker is raised in the consumer's
+``next`` as :class:`DataWorkerError` with the worker's traceback.
 """
 
 from __future__ import annotations
 
-import multiprocessing
-import os
 import queue
-import signal
+import sys
 import threading
-import time
-from concurrent.futures import Future, ProcessPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future
 from concurrent.futures.process import BrokenProcessPool
 
 import numpy as np
 
-from elmo_jax.atomic import process_alive
+from elmo_jax.data.workers import (
+    DataWorkerError, describe_dead, pool_failure, start_pool, stop_pool, worker_statuses,
+)
 from elmo_jax.errors import ElmoError
 
-__all__ = ["BatchPipeline", "DataWorkerError", "WorkerChunks"]
+__all__ = ["BatchPipeline", "DataWorkerError", "MAX_REPLACEMENTS", "WorkerChunks"]
 
-_PARENT_POLL_S = 0.5
-
-
-class DataWorkerError(ElmoError):
-    """A data worker process (or the batch-assembly thread) failed; the message holds its error."""
+MAX_REPLACEMENTS = 3  # pools started again in a row, no chunk arriving in between, before giving up
 
 
 # -- worker process side ------------------------------------------------------------------
@@ -52,20 +52,8 @@ class DataWorkerError(ElmoError):
 _WORKER_ENCODER = None
 
 
-def _exit_with(owner_pid: int) -> None:
-    while True:
-        time.sleep(_PARENT_POLL_S)
-        if not process_alive(owner_pid):
-            os._exit(1)
-
-
-def _worker_init(encoder, owner_pid: int) -> None:
+def _worker_init(encoder) -> None:
     global _WORKER_ENCODER
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    # Watch the process that owns the pool, not the parent: workers are children of the
-    # fork server, which stays alive as long as they do.
-    threading.Thread(target=_exit_with, args=(owner_pid,), daemon=True).start()
     _WORKER_ENCODER = encoder
 
 
@@ -80,14 +68,8 @@ def _describe(error: BaseException) -> str:
 
 
 # -- main process side --------------------------------------------------------------------
-def _context():
-    """Workers are forked from multiprocessing's fork server, a clean process started once
-    (never a fork of the training process, whose JAX threads make ``fork`` unsafe) that has
-    imported the data modules but not the caller's ``__main__``: starting a worker then
-    takes milliseconds instead of a fresh interpreter's imports."""
-    ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["elmo_jax.data.batches", "elmo_jax.data.prefetch", "elmo_jax.data.text_source"])
-    return ctx
+def _stderr_log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
 
 
 class WorkerChunks:
@@ -95,54 +77,112 @@ class WorkerChunks:
 
     ``get(key, positions, reverse)`` returns the chunk (waiting for it);
     ``prefetch(...)`` requests one ahead.  ``lookahead`` is how many chunks a stream asks
-    for ahead of the one it reads.
+    for ahead of the one it reads.  ``log`` gets the line saying a dead worker was
+    replaced (default: stderr).
     """
 
-    def __init__(self, encoder, workers: int):
+    def __init__(self, encoder, workers: int, log: Callable[[str], None] | None = None):
         self._encoder = encoder
         self.workers = int(workers)
         self.lookahead = 2 * self.workers + 1
-        self._pool: ProcessPoolExecutor | None = None
-        self._pending: dict[tuple, Future] = {}
+        self._log = log or _stderr_log
+        self._pool = None
+        self._pending: dict[tuple, tuple[Future | None, np.ndarray, bool]] = {}
         self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._failures = 0  # pools that broke since a chunk last arrived
+        self.replacements = 0  # pools started again after a worker died, in all
 
-    def _submit(self, positions, reverse: bool) -> Future:
+    def _submit(self, positions: np.ndarray, reverse: bool) -> Future | None:
+        """The chunk's future; None when the pool is broken (``get`` replaces it)."""
         with self._lock:
+            if self._closed.is_set():
+                raise DataWorkerError("the data workers were closed")
             if self._pool is None:
-                self._pool = ProcessPoolExecutor(self.workers, mp_context=_context(),
-                                                 initializer=_worker_init, initargs=(self._encoder, os.getpid()))
+                self._pool = start_pool(self.workers, _worker_init, (self._encoder,))
             try:
-                return self._pool.submit(_worker_encode, np.asarray(positions, dtype=np.int64), bool(reverse))
-            except (BrokenProcessPool, RuntimeError) as e:
-                raise DataWorkerError(f"the data worker processes are gone ({_describe(e)})") from e
+                return self._pool.submit(_worker_encode, positions, reverse)
+            except (BrokenProcessPool, OSError):  # a worker died (OSError: while it was being started)
+                return None
 
     def prefetch(self, key, positions, reverse: bool) -> None:
         if key not in self._pending:
-            self._pending[key] = self._submit(positions, reverse)
+            positions = np.asarray(positions, dtype=np.int64)
+            self._pending[key] = (self._submit(positions, bool(reverse)), positions, bool(reverse))
 
     def get(self, key, positions, reverse: bool):
-        future = self._pending.pop(key, None) or self._submit(positions, reverse)
-        try:
-            return future.result()
-        except BrokenProcessPool as e:
-            raise DataWorkerError(
-                f"a data worker process died ({_describe(e)}); was it killed, or out of memory?"
-            ) from e
-        except Exception as e:  # noqa: BLE001 - re-raised with the worker's traceback
-            raise DataWorkerError(f"a data worker failed while reading/encoding sentences: {_describe(e)}") from e
+        entry = self._pending.pop(key, None)
+        if entry is None:
+            positions, reverse = np.asarray(positions, dtype=np.int64), bool(reverse)
+            entry = (self._submit(positions, reverse), positions, reverse)
+        future, positions, reverse = entry
+        while True:
+            error: BaseException | None = None
+            if future is not None:
+                try:
+                    chunk = self._result(future)
+                    self._failures = 0
+                    return chunk
+                except (BrokenProcessPool, CancelledError) as e:
+                    error = e
+                except DataWorkerError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - re-raised with the worker's traceback
+                    raise DataWorkerError(
+                        f"a data worker failed while reading/encoding sentences: {_describe(e)}") from e
+            self._replace_pool(error)
+            future = self._submit(positions, reverse)
+
+    def _result(self, future: Future):
+        """``future.result()``, but a close from another thread ends the wait."""
+        while True:
+            if self._closed.is_set():
+                raise DataWorkerError("the data workers were closed")
+            try:
+                return future.result(timeout=0.2)
+            except TimeoutError:
+                continue
+
+    def _replace_pool(self, error: BaseException | None) -> None:
+        """A worker died: start the pool again and ask again for every chunk not received,
+        from the same positions (the batches do not change); or raise when that keeps failing."""
+        with self._lock:
+            if self._closed.is_set():
+                raise DataWorkerError("the data workers were closed")
+            pool, self._pool = self._pool, None
+            statuses = worker_statuses(pool) if pool is not None else []
+            failure = pool_failure(pool, error or BrokenProcessPool("the pool is broken"), "data") \
+                if pool is not None else DataWorkerError("the data worker pool is gone")
+            stop_pool(pool, now=True)
+        self._failures += 1
+        if failure.reimported or self._failures > MAX_REPLACEMENTS:
+            raise failure
+        self.replacements += 1
+        again = 1  # the chunk asked for, submitted by get
+        for key, (future, positions, reverse) in list(self._pending.items()):
+            if future is None or not future.done() or future.cancelled() or future.exception() is not None:
+                if future is not None:
+                    future.cancel()
+                self._pending[key] = (self._submit(positions, reverse), positions, reverse)
+                again += 1
+        self._log(f"data {describe_dead(statuses)}: started {self.workers} new data worker processes, which "
+                  f"encode the {again} chunks not yet received again, from the same sentence positions "
+                  f"(the batches are unchanged)")
 
     def reset(self) -> None:
         """Forget chunks requested ahead (the batcher jumped to another position)."""
-        for future in self._pending.values():
-            future.cancel()
+        for future, _, _ in self._pending.values():
+            if future is not None:
+                future.cancel()
         self._pending.clear()
 
     def close(self) -> None:
-        self.reset()
+        """Stop the workers (bounded: never waits on a dead or stuck one); a ``get`` waiting
+        in another thread raises at once, so close this before joining that thread.  Idempotent."""
+        self._closed.set()
         with self._lock:
             pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True, cancel_futures=True)
+        stop_pool(pool)
 
 
 class BatchPipeline:

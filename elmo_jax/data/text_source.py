@@ -44,8 +44,6 @@ import os
 import shutil
 import time
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
-from concurrent.futures.process import BrokenProcessPool
 from typing import Protocol, runtime_checkable
 
 import tensorflow_datasets as tfds
@@ -400,7 +398,7 @@ def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int)
     ``dataset_info.json`` / ``features.json`` and the completion marker go to a temporary
     folder beside ``builder.data_dir``, which is renamed to it at the end (so an interrupted
     or failed preparation leaves no dataset folder).  Returns the workers' CPU seconds."""
-    from elmo_jax.data.prefetch import DataWorkerError, _context
+    from elmo_jax.data.workers import worker_pool
 
     final = builder.data_dir
     parent = os.path.dirname(final)
@@ -412,24 +410,15 @@ def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int)
         parts = [os.path.join(tmp, f"part-{k:05d}") for k in range(len(ranges))]
         digest = ContentDigest()
         results = []
-        with ProcessPoolExecutor(min(workers, len(ranges)), mp_context=_context()) as pool:
+        with worker_pool(min(workers, len(ranges)), "text preparation") as pool:  # a dead worker: one line
             pending = []
             window = workers + 2  # ranges in flight: bounds the content held here
-            try:
-                for k, (i, a, b) in enumerate(ranges):
-                    pending.append(pool.submit(write_range, files[i], a, b, parts[k]))
-                    while len(pending) > window or (pending and k == len(ranges) - 1):
-                        try:
-                            result = pending.pop(0).result()
-                        except BrokenProcessPool as e:
-                            raise DataWorkerError(f"a text preparation worker process died ({e}); nothing "
-                                                  f"was prepared. Out of memory? Try fewer data_workers") from None
-                        digest.add_text(result.pop("content"))  # in range order: the file order
-                        results.append(result)
-            except BaseException:
-                for future in pending:
-                    future.cancel()
-                raise
+            for k, (i, a, b) in enumerate(ranges):
+                pending.append(pool.submit(write_range, files[i], a, b, parts[k]))
+                while len(pending) > window or (pending and k == len(ranges) - 1):
+                    result = pending.pop(0).result()
+                    digest.add_text(result.pop("content"))  # in range order: the file order
+                    results.append(result)
         n_sentences = sum(r["num_sentences"] for r in results)
         if n_sentences == 0:
             raise ValueError("empty corpus: no non-blank line in " + ", ".join(files))

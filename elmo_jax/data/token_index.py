@@ -34,6 +34,7 @@ is built in memory (small corpora, tests).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -317,8 +318,9 @@ def build_token_index(source, folder: str | os.PathLike | None = None, workers: 
             size = range_size or max(_READ, min(_RANGE, -(-n // (4 * max(1, workers)))))
             bounds = list(range(0, n, size)) + [n]
             ranges = list(zip(bounds, bounds[1:]))
-            for result in _range_results(source, ranges, workers):
-                merger.add(*result)
+            with contextlib.closing(_range_results(source, ranges, workers)) as results:  # stops its workers
+                for result in results:
+                    merger.add(*result)
         finally:
             merger.close()
         if merger.n_sentences != n:
@@ -355,15 +357,11 @@ def _range_results(source, ranges: list[tuple[int, int]], workers: int):
         for a, b in ranges:
             yield _index_range(source, a, b)
         return
-    from concurrent.futures import ProcessPoolExecutor
-    from concurrent.futures.process import BrokenProcessPool
-
-    from elmo_jax.data.prefetch import DataWorkerError, _context
+    from elmo_jax.data.workers import worker_pool
 
     # The source goes to each worker once (a source held in memory pickles whole), then
-    # only range bounds travel.
-    with ProcessPoolExecutor(min(workers, len(ranges)), mp_context=_context(), initializer=_hold_source,
-                             initargs=(source,)) as pool:
+    # only range bounds travel.  A worker that dies ends the build with one line naming it.
+    with worker_pool(min(workers, len(ranges)), "token indexing", _hold_source, (source,)) as pool:
         pending = []
         todo = iter(ranges)
         for a, b in todo:
@@ -371,11 +369,7 @@ def _range_results(source, ranges: list[tuple[int, int]], workers: int):
             if len(pending) >= 2 * workers:
                 break
         while pending:
-            try:
-                result = pending.pop(0).result()
-            except BrokenProcessPool as e:
-                raise DataWorkerError(f"a token indexing worker process died ({e}). Out of memory? Try fewer "
-                                      f"data_workers") from None
+            result = pending.pop(0).result()
             for a, b in todo:
                 pending.append(pool.submit(_index_held_range, a, b))
                 break

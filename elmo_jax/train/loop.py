@@ -44,6 +44,7 @@ import numpy as np
 from elmo_jax.config import ElmoConfig
 from elmo_jax.data.batches import LMBatcher
 from elmo_jax.data.text_source import make_source
+from elmo_jax.data.workers import exit_if_starting_worker
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.model.precision import compute_dtype
 from elmo_jax.train import distributed
@@ -73,6 +74,7 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
     """Train (or resume) in ``workdir``; returns a summary dict (see the end of
     :func:`_train`).  The run holds the workdir's lock throughout (one run per workdir), and
     a start that fails leaves no empty folders behind."""
+    exit_if_starting_worker()  # a data worker importing a script that trains without a __main__ guard
     workdir = os.path.abspath(workdir)
     is_main = jax.process_index() == 0
     with tidy_failed_start(workdir, is_main):
@@ -114,7 +116,7 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
         config=model_config, optimizer=optimizer, loss_fn=selection.fn, dropout_rate=cfg.dropout, dtype=dtype,
         remat_steps=cfg.remat_steps,
     ))
-    batcher = make_batcher(data, cfg, model_config, local_batch)
+    batcher = make_batcher(data, cfg, model_config, local_batch, log)
     closing.callback(getattr(batcher, "close", lambda: None))  # its data workers (a test's stand-in has none)
     steps_per_epoch = batcher.steps_per_epoch
     total_steps = steps_per_epoch * cfg.epochs
@@ -220,14 +222,16 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     return summary
 
 
-def make_batcher(data: RunData, cfg: TrainConfig, model_config: ElmoConfig, local_batch: int):
+def make_batcher(data: RunData, cfg: TrainConfig, model_config: ElmoConfig, local_batch: int,
+                 log: Callable[[str], None] | None = None):
     """The training batches of this process: ``[B_local, T]`` windows of its sentences
     (``i % P == p``), shuffled by ``cfg.seed``, with a position that checkpoints record
-    (``get_state`` / ``set_state``).  The one place the loop's batcher is made."""
+    (``get_state`` / ``set_state``).  The one place the loop's batcher is made; ``log`` gets
+    the line saying a dead data worker was replaced."""
     return LMBatcher(
         data.train, data.vocab, local_batch, cfg.unroll_steps, model_config.char_cnn.max_characters_per_token,
         seed=cfg.seed, process_index=jax.process_index(), process_count=jax.process_count(),
-        workers=cfg.data_workers,
+        workers=cfg.data_workers, log=log,
     )
 
 
