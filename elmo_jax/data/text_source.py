@@ -10,9 +10,11 @@ Sources
 * **Local text** (:class:`LocalTextSource`): files or globs, one tokenized sentence per
   line (UTF-8, tokens split on whitespace, blank lines skipped).  They are prepared *once*
   into ArrayRecord through a TFDS builder (:class:`ElmoLocalText`) under ``data_dir`` and
-  read back with ``as_data_source``.  The builder config name is a hash of the files'
-  paths, sizes and modification times, so a second call with the same files reuses the
-  prepared data and different inputs never collide.  With ``workers >= 1`` byte ranges of
+  read back with ``as_data_source``.  The builder config name is a digest of the files'
+  bytes (read at each call), so a second call with the same text reuses the prepared
+  data, wherever the files are, and an edited file is prepared anew even if its size
+  and modification time stayed.  One process prepares a dataset at a time (a lock beside
+  it); what a killed preparation left is removed by the next.  With ``workers >= 1`` byte ranges of
   the files are prepared in parallel processes that write the ArrayRecord shards and TFDS's
   metadata directly (:mod:`elmo_jax.data.text_shards`; the same dataset, read the same way).  In a multi-process job only
   ``process_index == 0`` prepares; the others wait for its completion marker.
