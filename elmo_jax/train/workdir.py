@@ -189,7 +189,8 @@ def config_digest(config: dict) -> str:
 def run_inputs_record(workdir: str, cfg: TrainConfig) -> dict:
     """What a checkpoint records of the files it was trained with: the vocabulary's SHA-256
     and the config's (:func:`config_digest`); :func:`check_run_inputs` checks them on resume."""
-    return {"vocab_sha256": file_sha256(os.path.join(workdir, "vocab.txt")), "config_sha256": config_digest(cfg.to_dict())}
+    return {"vocab_sha256": file_sha256(os.path.join(workdir, "vocab.txt")),
+            "config_sha256": config_digest(cfg.to_dict())}
 
 
 def check_run_inputs(meta: dict, path: str, workdir: str, config: dict) -> None:
@@ -219,7 +220,7 @@ def check_run_inputs(meta: dict, path: str, workdir: str, config: dict) -> None:
                 f"the checkpoint records, or start a new --workdir")
     diffs = config_differences(recorded, config)
     if config_digest(config) != saved and diffs:  # diffs empty: a field this version lets change
-        missing = f"; {config_path}, which holds the run's config, is missing" if not os.path.exists(config_path) else ""
+        missing = "" if os.path.exists(config_path) else f"; {config_path}, which holds the run's config, is missing"
         raise TrainingError(
             f"this run's config differs from the one {path} was trained with ({'; '.join(diffs)}){missing}: "
             f"resume with the checkpoint's values, or start a new --workdir")
