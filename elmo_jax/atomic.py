@@ -152,3 +152,38 @@ def owned_temp_dir(parent: str | os.PathLike, prefix: str, suffix: str = "") -> 
     tmp = tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}_", suffix=suffix, dir=parent)
     os.chmod(tmp, new_mode(folder=True))  # a new folder's mode, not mkdtemp's 0o700
     return tmp
+
+
+@contextlib.contextmanager
+def held_lock(path: str | os.PathLike) -> Iterator[None]:
+    """An exclusive ``flock`` on the file ``path`` for the block, waiting for another holder.
+
+    The file exists only while held: the holder removes it before letting go, and a waiter
+    that then gets the lock of the removed file tries again on the new one.  The kernel
+    lets go of a killed holder's lock (kill -9 included); its file stays, and the next
+    holder takes it over.
+    """
+    import fcntl
+
+    path = os.fspath(path)
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                current = os.stat(path)
+            except FileNotFoundError:
+                current = None
+            if current is not None and os.path.samestat(current, os.fstat(fd)):
+                break
+        except BaseException:
+            os.close(fd)
+            raise
+        os.close(fd)  # the file was removed by the holder before us: lock the new one
+    try:
+        yield
+    finally:
+        try:
+            os.remove(path)
+        finally:
+            os.close(fd)

@@ -588,3 +588,98 @@ def test_overlong_token_is_cut_and_said_once(model_dir):
     with warnings.catch_warnings():
         warnings.simplefilter("error", TokenTruncatedWarning)
         fresh.embed([[long]])  # said once: no second warning
+
+
+# ==========================================================================================
+# Issue #37: stale or swapped inputs of a resumed run.
+# ==========================================================================================
+
+def test_a_resume_refuses_a_swapped_vocabulary_or_a_changed_config(reference_run, tmp_path, capsys):
+    """A checkpoint records the SHA-256 of vocab.txt and of the config's fixed fields: a
+    reordered vocab.txt, an edited config.json, or (config.json deleted) a changed learning
+    rate is one line naming the file, for train, export and eval alike; the same config
+    with a new max_steps still resumes, and config.json is written again."""
+    import json
+
+    from elmo_jax.train.loop import train
+    from elmo_jax.train.workdir import TrainingError
+
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=3)
+    quiet = lambda _: None  # noqa: E731
+    vocab = work / "vocab.txt"
+    original = vocab.read_bytes()
+    words = original.decode("utf-8").splitlines()
+    words[-1], words[-2] = words[-2], words[-1]  # two ordinary words swapped: same size, same set
+    vocab.write_text("\n".join(words) + "\n", encoding="utf-8")
+    assert vocab.read_bytes() != original and len(vocab.read_bytes()) == len(original)
+    with pytest.raises(TrainingError, match=r"vocab.txt is not the vocabulary .*checkpoints/3 was trained with"
+                                            r".*restore the run's vocab.txt"):
+        train(cfg, str(work), progress=False, log=quiet)
+    for argv in (["export", str(work), str(tmp_path / "out")], ["eval", str(work), "--data", cfg.data]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "vocab.txt is not the vocabulary" in err and "Traceback" not in err and len(err.splitlines()) == 1, err
+    vocab.write_bytes(original)
+
+    config_path = work / "config.json"
+    recorded = json.loads(config_path.read_text(encoding="utf-8"))
+    config_path.write_text(json.dumps({**recorded, "learning_rate": 0.5}), encoding="utf-8")
+    with pytest.raises(TrainingError, match=r"config.json was changed after .*checkpoints/3 was written "
+                                            r"\(learning_rate: checkpoint has 0.2, config.json has 0.5\)"):
+        train(cfg.replace(learning_rate=0.5), str(work), progress=False, log=quiet)
+    config_path.unlink()
+    with pytest.raises(TrainingError, match=r"learning_rate: checkpoint has 0.2, this run has 0.5\); .*config.json, "
+                                            r"which holds the run's config, is missing"):
+        train(cfg.replace(learning_rate=0.5), str(work), progress=False, log=quiet)
+
+    summary = train(cfg.replace(max_steps=4), str(work), progress=False, log=quiet)
+    assert summary["start_step"] == 3 and summary["step"] == 4
+    assert json.loads(config_path.read_text(encoding="utf-8"))["learning_rate"] == 0.2
+    assert _train_losses(work)[4] == pytest.approx(reference_run[2][4], abs=1e-6)
+
+
+_KILLED_EXPORT = """
+import os, signal, sys
+from elmo_jax.train import export as ex
+def dying(*args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)  # kill -9 while the weights are written
+ex.save_weights = dying
+ex.export(sys.argv[1], sys.argv[2])
+"""
+
+
+def test_a_killed_exports_leftover_is_removed_and_no_export_goes_into_a_run(reference_run, tmp_path, capsys):
+    """kill -9 of `elmo-jax export` leaves its temporary folder: the next export to that
+    folder removes it (and an earlier version's OUT.tmp-PID of a dead process). An export
+    into what a run manages (RUN/checkpoints/999, through a symlink too) is one line and
+    writes nothing there, so export and eval keep working."""
+    import socket
+
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
+    out = tmp_path / "out"
+    killed = subprocess.run([sys.executable, "-c", _KILLED_EXPORT, str(work), str(out)], capture_output=True,
+                            text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith("out.tmp")]
+    assert len(left) == 1 and not out.exists(), left
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    (tmp_path / f"out.tmp-{dead}").mkdir()  # an earlier version's name
+    host = socket.gethostname().replace("_", "-")
+    running = tmp_path / f"out.tmp_{host}_{os.getpid()}_abc"  # a running export's: kept
+    running.mkdir()
+    assert main(["export", str(work), str(out)]) == 0
+    capsys.readouterr()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("out")) == ["out", running.name]
+    assert sorted(os.listdir(out)) == ["options.json", "softmax.hdf5", "vocab.txt", "weights.hdf5"]
+
+    (tmp_path / "link").symlink_to(work / "checkpoints")
+    for target in (work / "checkpoints" / "999", tmp_path / "link" / "999", work / "token_index" / "x"):
+        assert main(["export", str(work), str(target)]) == 2
+        err = capsys.readouterr().err
+        assert "which the training run" in err and "choose a folder outside it" in err, err
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert not target.exists()
+    assert sorted(os.listdir(work / "checkpoints")) == ["3", "6"]
+    assert main(["export", str(work), str(work / "export")]) == 0  # a folder of its own beside the run's
+    assert main(["eval", str(work), "--data", cfg.data]) == 0

@@ -253,3 +253,59 @@ def test_what_a_killed_preparation_left_is_removed_by_the_next(corpus, tmp_path,
     alive.mkdir()
     assert _parallel(corpus, tmp_path / "tfds", monkeypatch).prepared_now
     assert not stale.exists() and alive.exists()
+
+
+def test_prepared_text_is_keyed_by_content_not_by_size_and_date(tmp_path):
+    """An edit that keeps the file's size and modification time is prepared anew (a resume
+    or a new run sharing data_dir would otherwise read the old text); the same bytes under
+    another name reuse the prepared dataset."""
+    text = tmp_path / "t.txt"
+    text.write_bytes(b"the cat sat\nthe dog ran\n")
+    first = ts.LocalTextSource(str(text), tmp_path / "tfds")
+    stat = text.stat()
+    text.write_bytes(b"a cow sat!\nthe fox ate!\n")  # same size
+    os.utime(text, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # same date
+    assert text.stat().st_size == stat.st_size and text.stat().st_mtime_ns == stat.st_mtime_ns
+    edited = ts.LocalTextSource(str(text), tmp_path / "tfds")
+    assert edited.prepared_now
+    assert list(edited) == [["a", "cow", "sat!"], ["the", "fox", "ate!"]]
+    assert edited.content_id() != first.content_id()
+    copy = tmp_path / "elsewhere.txt"
+    copy.write_bytes(text.read_bytes())
+    again = ts.LocalTextSource(str(copy), tmp_path / "tfds")
+    assert not again.prepared_now and again.files == [str(copy)]
+    assert list(again) == list(edited) and again.content_id() == edited.content_id()
+
+
+_KILLED_TFDS_PREPARATION = """
+import os, signal, sys
+from elmo_jax.data import text_source as ts
+generate = ts.ElmoLocalText._generate_examples
+def dying(self):
+    for key, example in generate(self):
+        if key == 2:
+            os.kill(os.getpid(), signal.SIGKILL)  # as kill -9 of the trainer would, mid-way
+        yield key, example
+ts.ElmoLocalText._generate_examples = dying
+ts.LocalTextSource(sys.argv[1], sys.argv[2], workers=0)
+"""
+
+
+def test_what_a_killed_one_process_preparation_left_is_removed_by_the_next(tmp_path):
+    """kill -9 during TFDS's own preparation (data_workers=0) leaves its incomplete.*
+    folder; the next preparation of that text removes it (under the preparation lock no
+    live process prepares there) and prepares the whole text."""
+    import subprocess
+    import sys
+
+    text = tmp_path / "t.txt"
+    text.write_text("".join(f"w{i} x y\n" for i in range(20)), encoding="utf-8")
+    killed = subprocess.run([sys.executable, "-c", _KILLED_TFDS_PREPARATION, str(text), str(tmp_path / "tfds")],
+                            capture_output=True, text=True)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    leftovers = list((tmp_path / "tfds").rglob("incomplete.*"))
+    assert leftovers, "the killed preparation left no incomplete folder: the test does not test anything"
+    src = ts.LocalTextSource(str(text), tmp_path / "tfds", workers=0)
+    assert src.prepared_now and len(src) == 20 and src[19] == ["w19", "x", "y"]
+    assert list((tmp_path / "tfds").rglob("incomplete.*")) == []
+    assert list((tmp_path / "tfds").rglob("*.lock")) == []  # the lock lives only while held

@@ -240,3 +240,42 @@ def test_a_killed_builds_leftovers_are_removed_and_bad_arguments_named(data, tmp
         index.get_batch([3, 90])
     with pytest.raises(IndexError, match="sentence index -1 out of range"):
         index.get_batch([-1])
+
+
+def test_an_index_damaged_in_place_is_refused_on_opening_and_rebuilt(data, tmp_path):
+    """Damage that keeps every file's size (ids swapped, an id out of range, a version-1
+    index without digests) never reaches a batch: opening refuses it (SHA-256 of each file
+    against meta.json) and open_or_build rebuilds it from the source."""
+    source, _, built = data
+    folder = tmp_path / "index"
+    open_or_build(source, folder)
+    ids_path = folder / "ids.bin"
+    good = np.fromfile(ids_path, dtype=np.int32)
+    assert len(good) > 400
+
+    def damage(ids):
+        ids.tofile(ids_path)
+        assert ids_path.stat().st_size == good.nbytes  # in place: the sizes meta.json records hold
+
+    permuted = good.copy()
+    at = np.random.default_rng(0).choice(len(good), size=200, replace=False)
+    permuted[at] = good[np.roll(at, 1)]  # 200 ids moved: other sentences, every id in range
+    assert (permuted != good).any()
+    out_of_range = good.copy()
+    out_of_range[7] = 10**6  # was an IndexError traceback in the middle of training
+    for bad in (permuted, out_of_range):
+        damage(bad)
+        with pytest.raises(TokenIndexError, match=r"ids.bin is not the file that was written .*delete .* rebuilt"):
+            TokenIndex.open(folder)
+        logs = []
+        rebuilt = open_or_build(source, folder, log=logs.append)
+        assert any("rebuilding the token index" in line and "ids.bin" in line for line in logs), logs
+        np.testing.assert_array_equal(rebuilt.ids_N, built.ids_N)
+        assert list(rebuilt) == list(source)
+    # an index from before the digests were recorded is made again, not trusted
+    meta = json.loads((folder / "meta.json").read_text(encoding="utf-8"))
+    (folder / "meta.json").write_text(json.dumps({**meta, "version": 1, "sha256": None}), encoding="utf-8")
+    logs = []
+    open_or_build(source, folder, log=logs.append)
+    assert any("indexing 90 sentences" in line for line in logs)
+    assert json.loads((folder / "meta.json").read_text(encoding="utf-8"))["version"] == 2

@@ -216,7 +216,7 @@ class IndexChunkEncoder:
 
     def __call__(self, positions: Sequence[int], reverse: bool) -> EncodedChunk:
         if self.index is None:  # unpickled in a worker: open the folder now
-            self.index = TokenIndex.open(self._folder)
+            self.index = TokenIndex.open(self._folder, verify=False)  # checked when the parent opened it
             self._setup()
         lens_n, types = self.index.sentence_types(positions)
         starts, (ids_N, types_N) = assemble_chunk(

@@ -10,9 +10,11 @@ Sources
 * **Local text** (:class:`LocalTextSource`): files or globs, one tokenized sentence per
   line (UTF-8, tokens split on whitespace, blank lines skipped).  They are prepared *once*
   into ArrayRecord through a TFDS builder (:class:`ElmoLocalText`) under ``data_dir`` and
-  read back with ``as_data_source``.  The builder config name is a hash of the files'
-  paths, sizes and modification times, so a second call with the same files reuses the
-  prepared data and different inputs never collide.  With ``workers >= 1`` byte ranges of
+  read back with ``as_data_source``.  The builder config name is a digest of the files'
+  bytes (read at each call), so a second call with the same text reuses the prepared
+  data, wherever the files are, and an edited file is prepared anew even if its size
+  and modification time stayed.  One process prepares a dataset at a time (a lock beside
+  it); what a killed preparation left is removed by the next.  With ``workers >= 1`` byte ranges of
   the files are prepared in parallel processes that write the ArrayRecord shards and TFDS's
   metadata directly (:mod:`elmo_jax.data.text_shards`; the same dataset, read the same way).  In a multi-process job only
   ``process_index == 0`` prepares; the others wait for its completion marker.
@@ -49,7 +51,7 @@ from typing import Protocol, runtime_checkable
 import tensorflow_datasets as tfds
 
 from elmo_jax.errors import ElmoError
-from elmo_jax.atomic import owned_temp_dir, write_json
+from elmo_jax.atomic import held_lock, owned_temp_dir, write_json
 from elmo_jax.chars import tokenize
 from elmo_jax.data.example_proto import example_text
 from elmo_jax.data.text_shards import byte_ranges, write_range
@@ -68,6 +70,8 @@ __all__ = [
 ]
 
 _READY_MARKER = "elmo_jax_ready.json"
+_PREPARE_LOCK = ".elmo_jax_prepare.lock"  # beside the dataset's version folder
+_OWNED_PREFIX = "incomplete.elmo_"  # the parallel preparation's folders (owner in the name)
 
 
 @runtime_checkable
@@ -305,10 +309,16 @@ def expand_files(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> l
 
 
 def _corpus_key(files: Sequence[str]) -> str:
-    h = hashlib.sha256(b"elmo_jax local text v1\0")
+    """The prepared dataset's name: a digest of the files' bytes, in reading order.
+
+    Keyed by content, not by path, size and date: an edit that keeps a file's size and
+    modification time still gets its own dataset, and the same text under another name or
+    in another folder reuses the one prepared.  Each start reads every file once for it
+    (SHA-256 at about 1 GB/s, see benchmarks/README.md)."""
+    h = hashlib.sha256(b"elmo_jax local text v2\0")
     for path in files:
-        st = os.stat(path)
-        h.update(f"{path}\0{st.st_size}\0{st.st_mtime_ns}\0".encode("utf-8", "surrogateescape"))
+        with open(path, "rb") as f:
+            h.update(hashlib.file_digest(f, "sha256").digest())  # fixed length: no separator needed
     return "corpus_" + h.hexdigest()[:20]
 
 
@@ -357,8 +367,8 @@ def prepare_local_text(
 
     if os.path.isfile(marker):
         info = read_marker()
-        info["prepared_now"] = False
-        return builder, info
+        # the same bytes, perhaps prepared from other paths: these are the files read
+        return builder, {**info, "files": files, "prepared_now": False}
     if process_index != 0:
         deadline = time.monotonic() + wait_timeout_s
         while not os.path.isfile(marker):
@@ -370,14 +380,28 @@ def prepare_local_text(
             time.sleep(poll_s)
         # Re-create the builder: its info is now read from the prepared directory.
         builder = ElmoLocalText(config=config, data_dir=data_dir, file_format="array_record")
-        info = read_marker()
-        info["prepared_now"] = False
-        return builder, info
+        return builder, {**read_marker(), "files": files, "prepared_now": False}
 
+    # One preparation of a dataset at a time (runs sharing data_dir): under the lock, a
+    # folder TFDS was preparing in (incomplete.*) is a killed preparation's leftover.
+    parent = os.path.dirname(builder.data_dir)
+    os.makedirs(parent, exist_ok=True)
+    with held_lock(os.path.join(parent, _PREPARE_LOCK)):
+        if os.path.isfile(marker):  # prepared by another run while this one waited
+            builder = ElmoLocalText(config=config, data_dir=data_dir, file_format="array_record")
+            return builder, {**read_marker(), "files": files, "prepared_now": False}
+        _remove_tfds_leftovers(parent)
+        return _prepare(builder, config, data_dir, files, workers, marker)
+
+
+def _prepare(builder: ElmoLocalText, config: LocalTextConfig, data_dir: str, files: list[str], workers: int,
+             marker: str) -> tuple[ElmoLocalText, dict]:
+    """Prepare ``files`` (see :func:`prepare_local_text`; the caller holds the lock)."""
     if workers > 0 and not os.path.isdir(builder.data_dir):
         worker_cpu_s = _prepare_in_parallel(builder, files, workers)
         builder = ElmoLocalText(config=config, data_dir=data_dir, file_format="array_record")
-        info = read_marker()
+        with open(marker, encoding="utf-8") as f:
+            info = json.load(f)
         return builder, {**info, "prepared_now": True, "worker_cpu_s": worker_cpu_s}
     builder.download_and_prepare()
     stats = getattr(builder, "elmo_stats", None)
@@ -387,6 +411,17 @@ def prepare_local_text(
     info = {"files": files, **stats}
     _write_marker(marker, info)
     return builder, {**info, "prepared_now": True}
+
+
+def _remove_tfds_leftovers(parent: str) -> None:
+    """Remove the folders TFDS's own preparation (``workers=0``) left in ``parent`` when it
+    was killed: ``incomplete.XXXXXX_<version>``.  Only under the preparation lock, when no
+    live process prepares there; the parallel path's folders name their owner and are
+    removed by :func:`~elmo_jax.atomic.owned_temp_dir`."""
+    for name in os.listdir(parent):
+        path = os.path.join(parent, name)
+        if name.startswith("incomplete.") and not name.startswith(_OWNED_PREFIX) and os.path.isdir(path):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _write_marker(marker: str, info: dict) -> None:
@@ -404,7 +439,7 @@ def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int)
     parent = os.path.dirname(final)
     os.makedirs(parent, exist_ok=True)
     # Named by host and pid: what a killed preparation left is removed by the next one.
-    tmp = owned_temp_dir(parent, "incomplete.elmo_", suffix="_" + os.path.basename(final))
+    tmp = owned_temp_dir(parent, _OWNED_PREFIX, suffix="_" + os.path.basename(final))
     try:
         ranges = byte_ranges([os.path.getsize(p) for p in files], workers)
         parts = [os.path.join(tmp, f"part-{k:05d}") for k in range(len(ranges))]

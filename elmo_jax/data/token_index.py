@@ -17,7 +17,8 @@ into place whole, so a reader sees a complete index or none)::
 
     FOLDER/
       meta.json       {"version", "content_id", "sentences": n, "tokens": N, "types": V,
-                       "bytes": the size of each file below but the char tables}
+                       "bytes" / "sha256": the size / SHA-256 of each file below but
+                       the char tables}
       types.json      the V token strings, in id order
       counts.npy      int64 [V]   occurrences of each type
       offsets.bin     int64 [n+1] sentence i is ids[offsets[i]:offsets[i+1]]
@@ -25,6 +26,11 @@ into place whole, so a reader sees a complete index or none)::
       chars_C.bin     int16 [V + 3, C] char ids of each type for C characters per token, then
                       those of <S>, </S> and a zero row
                       (made on first use, once per C)
+
+Opening an index checks every file against ``meta.json`` (sizes, then SHA-256 of the
+bytes: about 0.1 s per 100 MB, see benchmarks/README.md), so an index damaged in place (a
+byte changed, ids swapped) is refused and :func:`open_or_build` rebuilds it instead of
+serving other sentences.  The data workers map the files their parent checked.
 
 The arrays are memory-mapped: processes share them through the page cache, and no
 process holds the corpus in its own memory (a worker's resident memory is the vocabulary
@@ -45,16 +51,16 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from elmo_jax import chars as chars_lib
-from elmo_jax.atomic import atomic_path, owned_temp_dir, replace_dir, write_json
+from elmo_jax.atomic import atomic_path, file_sha256, owned_temp_dir, replace_dir, write_json
 from elmo_jax.errors import ElmoError
 
 __all__ = ["INDEX_VERSION", "TokenIndex", "TokenIndexError", "build_token_index", "open_or_build"]
 
-INDEX_VERSION = 1
+INDEX_VERSION = 2  # 2: meta.json holds each file's SHA-256 (an index of version 1 is rebuilt)
 _RANGE = 1 << 16  # sentences per build task (~2M tokens: 7 MB of ids, and its distinct tokens)
 _READ = 4096  # sentences per get_batch while building
 _CHAR_BLOCK = 1 << 16  # types converted to char ids at once
-_FILES = ("types.json", "counts.npy", "offsets.bin", "ids.bin")  # meta.json records their sizes
+_FILES = ("types.json", "counts.npy", "offsets.bin", "ids.bin")  # meta.json records their sizes and digests
 
 
 class TokenIndexError(ElmoError):
@@ -76,9 +82,10 @@ class TokenIndex:
 
     # -- opening ----------------------------------------------------------------------
     @classmethod
-    def open(cls, folder: str | os.PathLike) -> "TokenIndex":
+    def open(cls, folder: str | os.PathLike, verify: bool = True) -> "TokenIndex":
         """The index in ``folder``, memory-mapped; :class:`TokenIndexError` if it is not a
-        complete index of this version."""
+        complete index of this version, or (``verify``) a file's bytes are not those
+        written (their SHA-256 differs from ``meta.json``'s)."""
         folder = os.fspath(folder)
         meta = read_meta(folder)
         if meta is None:
@@ -93,6 +100,11 @@ class TokenIndex:
             if found != size:
                 raise TokenIndexError(f"{path} has {found} bytes, its meta.json says {size}: the index is damaged; "
                                       f"delete {folder} and it is rebuilt")
+        for name in _FILES if verify else ():
+            path = os.path.join(folder, name)
+            if file_sha256(path) != meta["sha256"][name]:
+                raise TokenIndexError(f"{path} is not the file that was written (its SHA-256 differs from "
+                                      f"meta.json's): the index is damaged; delete {folder} and it is rebuilt")
         try:
             counts = np.load(os.path.join(folder, "counts.npy"), mmap_mode="r")
         except (OSError, ValueError) as e:
@@ -104,8 +116,8 @@ class TokenIndex:
                    _map(os.path.join(folder, "ids.bin"), np.int32, N), counts, None, meta["content_id"], folder)
 
     def __reduce__(self):
-        if self.folder is not None:  # worker processes map the same files
-            return TokenIndex.open, (self.folder,)
+        if self.folder is not None:  # worker processes map the same files, checked by the parent
+            return TokenIndex.open, (self.folder, False)
         return TokenIndex, (self.offsets_n1, self.ids_N, self.counts_V, self._types, self._content_id)
 
     # -- the index --------------------------------------------------------------------
@@ -221,6 +233,7 @@ def read_meta(folder: str) -> dict | None:
         for key in ("sentences", "tokens", "types"):
             meta[key] = int(meta[key])
         meta["bytes"] = {name: int(meta["bytes"][name]) for name in _FILES}
+        meta["sha256"] = {name: str(meta["sha256"][name]) for name in _FILES}
         return meta
     except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
@@ -338,10 +351,11 @@ def build_token_index(source, folder: str | os.PathLike | None = None, workers: 
             write_json(os.path.join(tmp, "meta.json"), {  # last: an index is complete when it exists
                 "version": INDEX_VERSION, "content_id": content_id, "sentences": merger.n_sentences,
                 "tokens": merger.n_tokens, "types": len(types),
-                "bytes": {name: os.path.getsize(os.path.join(tmp, name)) for name in _FILES}})
+                "bytes": {name: os.path.getsize(os.path.join(tmp, name)) for name in _FILES},
+                "sha256": {name: file_sha256(os.path.join(tmp, name)) for name in _FILES}})
             replace_dir(tmp, folder)
             tmp = None
-            index = TokenIndex.open(folder)
+            index = TokenIndex.open(folder, verify=False)  # just written and hashed
     finally:
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)

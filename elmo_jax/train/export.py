@@ -8,7 +8,9 @@
     out_dir/softmax.hdf5    the shared softmax: datasets softmax/W [V, P], softmax/b [V]
 
 ``Elmo.load(out_dir)`` reads the first two; the softmax file lets training continue from
-an export.  The folder is written under a temporary name and renamed when complete.
+an export.  The folder is written under a temporary name (``OUT_DIR.tmp_HOST_PID_*``; one that a
+killed export left is removed by the next export to ``OUT_DIR``) and renamed when complete.
+An ``out_dir`` inside what a training workdir manages (``RUN/checkpoints/...``) is refused.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import h5py
 import jax
 import numpy as np
 
-from elmo_jax.atomic import replace_dir
+from elmo_jax.atomic import owned_temp_dir, process_alive, replace_dir
 from elmo_jax.config import ElmoConfig
 from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.embedder import OPTIONS_FILE, WEIGHTS_FILE
@@ -31,6 +33,7 @@ from elmo_jax.errors import ElmoError
 from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.step import init_train_state, make_optimizer
+from elmo_jax.train.workdir import check_run_inputs
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.weights import save_weights
 
@@ -62,6 +65,39 @@ def require_workdir(workdir: str) -> None:
                         f"--workdir` wrote)")
 
 
+RUN_OWNED = ("checkpoints", "checkpoints-damaged", "corpus", "tfds", "token_index", "tensorboard", "config.json",
+             "options.json", "vocab.txt", "vocab_source.json", "metrics.jsonl", "run.lock")
+"""What a training workdir holds and manages itself: no export goes there (an export under
+``checkpoints/`` is taken for a damaged checkpoint and breaks ``export`` and ``eval``)."""
+
+
+def refuse_output_in_a_run(out_dir: str | os.PathLike) -> None:
+    """Refuse an output folder inside what a training workdir owns (:data:`RUN_OWNED`),
+    through any spelling or symlink: e.g. ``RUN/checkpoints/999``."""
+    out_dir = os.fspath(out_dir)
+    path = os.path.realpath(out_dir)
+    while True:
+        parent = os.path.dirname(path)
+        if parent == path:
+            return
+        if os.path.basename(path) in RUN_OWNED and os.path.isfile(os.path.join(parent, "config.json")) \
+                and os.path.isdir(os.path.join(parent, "checkpoints")):
+            raise ElmoError(f"the output folder {out_dir} is inside {path}, which the training run {parent} "
+                            f"manages (an export there breaks its checkpoints): choose a folder outside it, "
+                            f"e.g. {os.path.join(parent, 'export')}")
+        path = parent
+
+
+def _remove_legacy_temp_dirs(parent: str, name: str) -> None:
+    """Remove ``NAME.tmp-PID`` folders that exports of earlier versions, killed, left in
+    ``parent`` (those of processes of this host that no longer run)."""
+    prefix = f"{name}.tmp-"
+    for entry in os.listdir(parent):
+        pid = entry[len(prefix):]
+        if entry.startswith(prefix) and pid.isdigit() and not process_alive(int(pid)):
+            shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
+
+
 def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) -> LoadedCheckpoint:
     """The params of a run's checkpoint (latest by default), with its config and vocabulary."""
     workdir = os.path.abspath(os.fspath(workdir))
@@ -77,6 +113,7 @@ def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) 
     try:
         meta = ckpts.read_meta(step)
         step = int(meta["step"]) if step is None else step
+        check_run_inputs(meta, ckpts.path(step), workdir, train_config.to_dict())  # vocab.txt, config.json
         optimizer = make_optimizer(train_config.optimizer, train_config.learning_rate, train_config.initial_accumulator, train_config.clip_norm)
         template = jax.eval_shape(
             lambda: (init_train_state(jax.random.key(0), model_config, len(vocab), optimizer),
@@ -106,6 +143,7 @@ def export(workdir: str | os.PathLike, out_dir: str | os.PathLike, step: int | N
     if os.path.commonpath([run, os.path.realpath(out_dir)]) == os.path.realpath(out_dir):
         raise ElmoError(f"the output folder {out_dir} is or contains the training workdir {run}; "
                         f"replacing it would delete the run's checkpoints: choose another folder")
+    refuse_output_in_a_run(out_dir)
     if os.path.exists(out_dir) and os.listdir(out_dir):
         if not overwrite:
             raise FileExistsError(f"{out_dir} exists and is not empty; pass --overwrite to replace it")
@@ -115,9 +153,11 @@ def export(workdir: str | os.PathLike, out_dir: str | os.PathLike, step: int | N
                 f"{out_dir} holds files that are not part of an export ({', '.join(others)}); --overwrite "
                 f"replaces the whole folder and would delete them: move them out or choose another folder")
     loaded = load_checkpoint_params(workdir, step)
-    tmp = f"{out_dir}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
+    parent, name = os.path.split(out_dir)
+    os.makedirs(parent, exist_ok=True)
+    _remove_legacy_temp_dirs(parent, name)
+    # named by host and pid: what a killed export left is removed by the next export to out_dir
+    tmp = owned_temp_dir(parent, f"{name}.tmp_")
     try:
         loaded.model_config.to_json_file(os.path.join(tmp, OPTIONS_FILE))
         save_weights(loaded.params["bilm"], loaded.model_config, os.path.join(tmp, WEIGHTS_FILE))

@@ -59,8 +59,9 @@ from elmo_jax.train.run_data import RunData, data_dir_for, default_heldout, prep
 from elmo_jax.train.step import init_train_state, make_optimizer
 from elmo_jax.train.stop import StopRequest
 from elmo_jax.train.workdir import (
-    RESUMABLE_FIELDS, TrainingError, check_finite, check_resumable, check_writable, checkpoints_after_divergence,
-    hold_workdir, restore_newest, resume_data_position, tidy_failed_start, write_checkpoint, write_run_files,
+    RESUMABLE_FIELDS, TrainingError, check_finite, check_resumable, check_run_inputs, check_writable,
+    checkpoints_after_divergence, hold_workdir, restore_newest, resume_data_position, run_inputs_record,
+    tidy_failed_start, write_checkpoint, write_run_files,
 )
 
 # Names other code and earlier versions imported from here.
@@ -105,8 +106,6 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     data = prepare_data(cfg, workdir, log, may_rebuild=latest is None, open_source=make_source)
     vocab = data.vocab
     data_content = data.train.content_id()
-    if is_main:
-        write_run_files(workdir, cfg, model_config, new_run=latest is None)
 
     selection = make_loss_fn(len(vocab), cfg.num_negatives)
     log(selection.message)
@@ -132,12 +131,15 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     if latest is not None:
         latest, train_state, lstm_state, meta = restore_newest(
             ckpts, train_state, lstm_state, global_batch=global_batch, n_devices=n_devices, mesh=mesh, log=log)
+        check_run_inputs(meta, ckpts.path(latest), workdir, cfg.to_dict())
         resume_data_position(batcher, meta, ckpts.path(latest), data_content)
         start_step = int(meta["step"])
         log(f"resuming from {ckpts.path(latest)} (step {start_step})")
     elif pretrained is not None:  # a new run from existing weights
         train_state = jax.tree.map(np.asarray, initial_train_state(train_state, pretrained, vocab, optimizer, log))
         del pretrained
+    if is_main:  # after the resume's checks: a refused resume writes nothing
+        write_run_files(workdir, cfg, model_config, new_run=latest is None)
     log(
         f"training {cfg.model if cfg.init_from is None else 'from ' + cfg.init_from} ({model_config.lstm.dim}/{model_config.projection_dim} x{model_config.lstm.n_layers}) "
         f"on {n_devices} device(s) in {jax.process_count()} process(es) [{runner.name}], global batch {global_batch} x {cfg.unroll_steps} tokens, "
@@ -151,7 +153,8 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     base_key = jax.random.key(cfg.seed)
     checkpoint_meta = {"config": cfg.to_dict(), "vocab_size": len(vocab), "process_count": jax.process_count(),
                        "device_count": n_devices, "global_batch": global_batch, "local_batch": local_batch,
-                       "heldout": data.heldout_spec, "data_content": data_content}
+                       "heldout": data.heldout_spec, "data_content": data_content,
+                       **run_inputs_record(workdir, cfg)}
     record_args = dict(tokens_per_step=global_batch * cfg.unroll_steps, steps_per_epoch=steps_per_epoch,
                        with_perplexity=not selection.sampled, vocab_size=len(vocab))
     eval_fn = make_eval_fn(model_config, dtype) if data.heldout is not None else None

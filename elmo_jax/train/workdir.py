@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import hashlib
 import json
 import os
 import socket
@@ -37,7 +38,7 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from elmo_jax.atomic import write_json
+from elmo_jax.atomic import file_sha256, write_json
 from elmo_jax.config import ElmoConfig
 from elmo_jax.errors import ElmoError
 from elmo_jax.train import distributed
@@ -176,6 +177,53 @@ def config_differences(saved: dict, current: dict) -> list[str]:
         for k in sorted(set(saved) | set(current))
         if k not in RESUMABLE_FIELDS and saved.get(k) != current.get(k)
     ]
+
+
+def config_digest(config: dict) -> str:
+    """SHA-256 of what a resume may not change: the config's fields outside
+    :data:`RESUMABLE_FIELDS` (``config`` as :meth:`TrainConfig.to_dict` gives it)."""
+    fixed = {k: v for k, v in config.items() if k not in RESUMABLE_FIELDS}
+    return hashlib.sha256(json.dumps(fixed, sort_keys=True).encode("utf-8")).hexdigest()
+
+
+def run_inputs_record(workdir: str, cfg: TrainConfig) -> dict:
+    """What a checkpoint records of the files it was trained with: the vocabulary's SHA-256
+    and the config's (:func:`config_digest`); :func:`check_run_inputs` checks them on resume."""
+    return {"vocab_sha256": file_sha256(os.path.join(workdir, "vocab.txt")),
+            "config_sha256": config_digest(cfg.to_dict())}
+
+
+def check_run_inputs(meta: dict, path: str, workdir: str, config: dict) -> None:
+    """Refuse to continue (or read) checkpoint ``path`` with another vocabulary or config than
+    the ones it recorded (:func:`run_inputs_record`; checkpoints of older versions recorded
+    none, and are not checked): ``WORKDIR/vocab.txt`` reordered or replaced, ``config.json``
+    edited, or, with ``config.json`` deleted, a config that would otherwise have been refused."""
+    vocab_path = os.path.join(workdir, "vocab.txt")
+    saved = meta.get("vocab_sha256")
+    if saved is not None and file_sha256(vocab_path) != saved:
+        raise TrainingError(
+            f"{vocab_path} is not the vocabulary {path} was trained with (its SHA-256 differs from the one the "
+            f"checkpoint recorded; the model's softmax rows follow that file's order): restore the run's vocab.txt, "
+            f"or start a new --workdir")
+    saved = meta.get("config_sha256")
+    if saved is None:
+        return
+    config_path = os.path.join(workdir, "config.json")
+    recorded = meta.get("config", {})
+    if os.path.exists(config_path):
+        with open(config_path, encoding="utf-8") as f:
+            in_file = json.load(f)
+        diffs = [d.replace("this run has", "config.json has") for d in config_differences(recorded, in_file)]
+        if config_digest(in_file) != saved and diffs:
+            raise TrainingError(
+                f"{config_path} was changed after {path} was written ({'; '.join(diffs)}): restore the values "
+                f"the checkpoint records, or start a new --workdir")
+    diffs = config_differences(recorded, config)
+    if config_digest(config) != saved and diffs:  # diffs empty: a field this version lets change
+        missing = "" if os.path.exists(config_path) else f"; {config_path}, which holds the run's config, is missing"
+        raise TrainingError(
+            f"this run's config differs from the one {path} was trained with ({'; '.join(diffs)}){missing}: "
+            f"resume with the checkpoint's values, or start a new --workdir")
 
 
 def write_run_files(workdir: str, cfg: TrainConfig, model_config: ElmoConfig, new_run: bool) -> None:
