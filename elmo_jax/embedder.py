@@ -47,82 +47,58 @@ equal the uncached ones to float rounding (<= 1e-6); calls under another
 ``jax.default_matmul_precision`` than the cache was computed under bypass it.  Those compilations are listed in
 ``elmo.compiled_cache_shapes``.  ``save_token_cache`` / ``load_token_cache`` store it as
 HDF5 with one dataset ``embedding`` ``[n_vocab, P]`` (the originals' token-embedding file).
+
+Devices
+-------
+``Elmo(..., devices=None)`` (and ``Elmo.load``) computes on every local device of the default
+backend (``jax.local_devices()``; an int takes the first ``n``, a list those devices):
+``elmo.devices``.  The parameters are replicated once over a 1-D mesh (``elmo.mesh``, axis
+``rows``) and the rows of each padded group are split over it, so row buckets are rounded up
+to multiples of the device count (``row_bucket(n, batch_size, n_devices)``); the results are
+those of one device (to float rounding).  While the devices run a group, a host thread
+prepares the next ones (char ids, padding; :mod:`elmo_jax.embedding.host`), and a group's
+outputs are copied back only once the next group is dispatched.
+
+The pieces live in :mod:`elmo_jax.embedding` (buckets, host preparation, devices, compiled
+programs, LSTM state, token cache, outputs); ``Elmo`` composes them.
 """
+
 
 from __future__ import annotations
 
-import functools
-import math
+import itertools
 import os
 import warnings
 from collections.abc import Iterator, Sequence
 
-import h5py
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax import chars
 from elmo_jax.atomic import atomic_path, refuse_output_over_inputs
 from elmo_jax.config import ConfigError, ElmoConfig
 from elmo_jax.data.vocab import read_token_lines
+from elmo_jax.embedding.buckets import (MIN_ENCODER_TOKENS, MIN_SCAN_LENGTH, N_MARKERS, encoder_bucket, n_row_buckets,
+                                        round_to_devices, row_bucket, scan_length_bucket, time_bucket, time_buckets)
+from elmo_jax.embedding.devices import Devices, Placement
+from elmo_jax.embedding.host import (CacheRows, CallTokens, Group, Sentence, maybe_ahead, plan_groups, prepare_group,
+                                     sentence_list, token_lists)
+from elmo_jax.embedding.outputs import LAYER_MODES, check_layers, empty_outputs, reduce_layers, split_rows
+from elmo_jax.embedding.programs import Programs
+from elmo_jax.embedding.state import LstmStates
+from elmo_jax.embedding.token_cache import (ANY_PRECISION, TokenCache, check_vocab, current_precision,
+                                            read_cache_vectors)
 from elmo_jax.errors import ElmoError
-from elmo_jax.model.bilm import bilm, bilm_from_token_vectors, init_params, marker_vectors
-from elmo_jax.model.encoder import encode_tokens
-from elmo_jax.model.heads import scalar_mix
-from elmo_jax.model.lstm import zero_state
+from elmo_jax.model.bilm import init_params
 from elmo_jax.model.precision import compute_dtype
-from elmo_jax.weights import hdf5_damage, load_weights, save_weights
+from elmo_jax.weights import load_weights, save_weights
 
 OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
-MIN_SCAN_LENGTH = 8
-N_MARKERS = 2
-MIN_ENCODER_TOKENS = 16
 # Above this many sentences, ``embed(progress=None)`` shows a progress bar.
 PROGRESS_THRESHOLD = 1000
-LAYER_MODES = ("all", "top", "average", "mix")
-# A token cache read from a file is used under any matmul precision.
-_ANY_PRECISION = object()
-
-Sentence = str | Sequence[str]
-
-
-def scan_length_bucket(n_steps: int) -> int:
-    """The smallest rung of 8, 12, 16, 24, 32, 48, ... that is >= ``n_steps``."""
-    n_steps = max(n_steps, MIN_SCAN_LENGTH)
-    k = (n_steps - 1).bit_length() - 1  # 2^k < n_steps <= 2^(k+1)
-    if n_steps <= 3 << (k - 1):
-        return 3 << (k - 1)
-    return 1 << (k + 1)
-
-
-def time_bucket(n_tokens: int) -> int:
-    """The padded token length of a group whose longest sentence has ``n_tokens``."""
-    return scan_length_bucket(n_tokens + N_MARKERS) - N_MARKERS
-
-
-def time_buckets(max_len: int) -> list[int]:
-    """Every padded token length used for sentences of 0..``max_len`` tokens."""
-    out, t = [], time_bucket(0)
-    while True:
-        out.append(t)
-        if t >= max_len:
-            return out
-        t = time_bucket(t + 1)
-
-
-def row_bucket(n_rows: int, batch_size: int) -> int:
-    """The padded number of rows for a group of ``n_rows`` sentences."""
-    return min(batch_size, 1 << max(0, n_rows - 1).bit_length())
-
-
-def n_row_buckets(batch_size: int) -> int:
-    return math.ceil(math.log2(batch_size)) + 1
-
-
-def _encoder_bucket(n_tokens: int) -> int:
-    return max(MIN_ENCODER_TOKENS, 1 << max(0, n_tokens - 1).bit_length())
+# How many groups the host thread prepares ahead of the devices.
+LOOK_AHEAD = 4
 
 
 class Elmo:
@@ -131,36 +107,73 @@ class Elmo:
     Deterministic by default: every call starts from the zero LSTM state.  With
     ``embed(..., stateful=True)`` the state is carried from call to call (row ``i`` of a
     batch continues row ``i`` of the previous one), the originals' behaviour;
-    :meth:`reset_state` forgets it.
+    :meth:`reset_state` forgets it.  ``devices``: ``None`` (every local device), a count
+    (the first ``n``) or a list of devices; see "Devices" in :mod:`elmo_jax.embedder`.
     """
 
-    def __init__(self, config: ElmoConfig, params: dict, batch_size: int = 64, dtype: str = "float32"):
+    def __init__(self, config: ElmoConfig, params: dict, batch_size: int = 64, dtype: str = "float32",
+                 devices: Devices = None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.config = config
-        self.params = jax.tree.map(jnp.asarray, params)
         self.batch_size = batch_size
         # "bfloat16": matmul operands in bf16, params, cell state, accumulation and outputs
         # float32 (outputs within ~1e-2 relative of float32; see README "Speed").
         self.dtype = compute_dtype(dtype)
-        self.compiled_shapes: set[tuple[int, int]] = set()
-        self.compiled_cache_shapes: set[tuple[str, int] | tuple[str, int, int]] = set()
-        self._state: dict | None = None
-        self._zero_states: dict[int, dict] = {}
-        self._forward = jax.jit(functools.partial(bilm, dtype=self.dtype), static_argnums=1)
-        self._forward_vectors = jax.jit(functools.partial(bilm_from_token_vectors, dtype=self.dtype),
-                                        static_argnums=1)
-        self._encode = jax.jit(functools.partial(encode_tokens, dtype=self.dtype), static_argnums=1)
-        self._encode_markers = jax.jit(functools.partial(marker_vectors, dtype=self.dtype), static_argnums=1)
-        self._markers: tuple[tuple, tuple[jax.Array, jax.Array]] | None = None
-        self._cache_words: list[str] | None = None
-        self._cache_index: dict[str, int] = {}
-        self._cache_vectors: np.ndarray | None = None
-        self._cache_precision: object = _ANY_PRECISION
-        self._cache_params: list = []  # the parameter leaves the cache belongs to
+        self._placement = Placement(devices)
+        self.params = params
+        self._programs = Programs(self.dtype)
+        # Attributes (not methods) so that a caller can wrap them: the tests count calls.
+        self._forward = self._programs.forward
+        self._forward_vectors = self._programs.forward_vectors
+        self._encode = self._programs.encode
+        self._states = LstmStates(config, self._placement, round_to_devices(batch_size, self._placement.n_devices))
+        self._cache: TokenCache | None = None
         # The files this model was read from ({role: absolute path}): outputs never replace them.
         self.source_files: dict[str, str] = {}
         self._truncation_said = False  # the over-long-token warning is given once per object
+
+    # -- parameters and devices ---------------------------------------------------------
+    @property
+    def params(self) -> dict:
+        """The biLM's parameters, replicated over :attr:`devices`; assigning new ones places them."""
+        return self._params
+
+    @params.setter
+    def params(self, params: dict) -> None:
+        self._params = self._placement.put_replicated(params)
+
+    @property
+    def devices(self) -> list[jax.Device]:
+        """The devices this model computes on."""
+        return list(self._placement.devices)
+
+    @property
+    def mesh(self) -> jax.sharding.Mesh:
+        """The 1-D mesh (axis ``"rows"``) over :attr:`devices`."""
+        return self._placement.mesh
+
+    def put_rows(self, tree, axis: int = 0):
+        """``tree``'s arrays split by rows (``axis``) over :attr:`devices`, as a task model
+        shards its batch (the row count must be a multiple of ``len(elmo.devices)``)."""
+        return self._placement.put_rows(tree, axis)
+
+    @property
+    def compiled_shapes(self) -> set[tuple[int, int]]:
+        return self._programs.compiled_shapes
+
+    @property
+    def compiled_cache_shapes(self) -> set:
+        return self._programs.compiled_cache_shapes
+
+    def _marker_vectors(self) -> tuple[jax.Array, jax.Array]:
+        """The ``<S>`` / ``</S>`` vectors of the current parameters (encoded once)."""
+        return self._programs.markers(self.params, self.config)
+
+    @property
+    def _markers(self):
+        """What the ``<S>`` / ``</S>`` vectors are kept as (the tests check they are reused)."""
+        return self._programs._markers
 
     # -- construction and persistence -------------------------------------------------
     @classmethod
@@ -172,6 +185,7 @@ class Elmo:
         weight_file: str | os.PathLike | None = None,
         batch_size: int = 64,
         dtype: str = "float32",
+        devices: Devices = None,
     ) -> "Elmo":
         """From a folder or from the two files.
 
@@ -183,7 +197,7 @@ class Elmo:
         URL: :func:`elmo_jax.hub.resolve_model` downloads it once into the cache.
         Raises ``FileNotFoundError`` naming a missing file and
         :class:`elmo_jax.weights.WeightFileError` naming the first dataset that does not
-        fit the options.
+        fit the options.  ``devices``: as for :class:`Elmo`.
         """
         if model_dir is not None:
             if options_file is not None or weight_file is not None:
@@ -208,18 +222,19 @@ class Elmo:
         if not os.path.exists(options_file):
             raise FileNotFoundError(f"options file not found: {options_file}")
         config = ElmoConfig.from_json_file(options_file)
-        elmo = cls(config, load_weights(weight_file, config), batch_size=batch_size, dtype=dtype)
+        elmo = cls(config, load_weights(weight_file, config), batch_size=batch_size, dtype=dtype, devices=devices)
         elmo.source_files = {"model's options file": os.path.abspath(options_file),
                              "model's weight file": os.path.abspath(weight_file)}
         return elmo
 
     @classmethod
     def random(cls, config: ElmoConfig | str = "tiny", seed: int = 0, batch_size: int = 64,
-               dtype: str = "float32") -> "Elmo":
+               dtype: str = "float32", devices: Devices = None) -> "Elmo":
         """A randomly initialised model (a preset name or an ``ElmoConfig``)."""
         if isinstance(config, str):
             config = ElmoConfig.preset(config)
-        return cls(config, init_params(jax.random.key(seed), config), batch_size=batch_size, dtype=dtype)
+        return cls(config, init_params(jax.random.key(seed), config), batch_size=batch_size, dtype=dtype,
+                   devices=devices)
 
     def save(self, model_dir: str | os.PathLike, overwrite: bool = False) -> None:
         """Write ``options.json`` + ``weights.hdf5`` in the released models' layout.
@@ -251,7 +266,7 @@ class Elmo:
     # -- embedding --------------------------------------------------------------------
     def reset_state(self) -> None:
         """Forget the LSTM state carried by ``stateful=True`` calls."""
-        self._state = None
+        self._states.reset()
 
     def embed(
         self,
@@ -283,7 +298,7 @@ class Elmo:
         bar; ``None`` shows it for more than 1000 sentences.  ``stateful``: carry the LSTM
         state between batches (see the class docstring); the default is deterministic.
         """
-        sentences = _sentence_list(sentences)
+        sentences = sentence_list(sentences)
         out: list[np.ndarray | None] = [None] * len(sentences)
         for indices, arrays in self.embed_groups(
             sentences, layers, batch_size=batch_size, stateful=stateful, progress=progress, mix_params=mix_params
@@ -326,16 +341,12 @@ class Elmo:
         """Like :meth:`embed`, but streaming: yields ``(input indices, arrays)`` one padded
         group at a time, so a caller can write results out without holding them all (the
         ``elmo-jax embed`` command does).  While a group is yielded the next one is already
-        computing (with ``stateful=True`` its state is already carried)."""
-        sentences = _sentence_list(sentences)
-        if layers not in LAYER_MODES:
-            raise ValueError(f"layers must be one of {', '.join(LAYER_MODES)}, got {layers!r}")
-        if layers == "mix":
-            mix_params = self._check_mix_params(mix_params)
-        elif mix_params is not None:
-            raise ValueError('mix_params is only used with layers="mix"')
-        token_lists = _token_lists(sentences)
-        self._say_truncation(token_lists)
+        computing (with ``stateful=True`` its state is already carried), and a host thread
+        prepares the groups after it."""
+        sentences = sentence_list(sentences)
+        mix = check_layers(layers, mix_params, self.config.n_output_layers)
+        toks = token_lists(sentences)
+        self._say_truncation(toks)
         batch_size = self.batch_size if batch_size is None else batch_size
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
@@ -345,136 +356,94 @@ class Elmo:
                 f"{self.batch_size} (the number of carried state rows); create the Elmo "
                 f"with a larger batch_size"
             )
-        if stateful:
-            groups = [list(range(i, min(i + batch_size, len(token_lists))))
-                      for i in range(0, len(token_lists), batch_size)]
-        else:
-            empty = [i for i, t in enumerate(token_lists) if not t]
+        lengths = [len(t) for t in toks]
+        plans = plan_groups(lengths, batch_size, stateful=stateful, n_devices=self._placement.n_devices)
+        if not stateful:
+            empty = [i for i, n in enumerate(lengths) if not n]
             if empty:
-                shape = (self.config.n_output_layers, 0, self.config.output_dim)
-                if layers != "all":
-                    shape = shape[1:]
-                yield empty, [np.zeros(shape, np.float32) for _ in empty]
-            by_bucket: dict[int, list[int]] = {}
-            for i in sorted((i for i, t in enumerate(token_lists) if t), key=lambda i: len(token_lists[i])):
-                by_bucket.setdefault(time_bucket(len(token_lists[i])), []).append(i)
-            groups = [idx[j : j + batch_size] for idx in by_bucket.values()
-                      for j in range(0, len(idx), batch_size)]
-        show = len(token_lists) > PROGRESS_THRESHOLD if progress is None else bool(progress)
+                yield empty, empty_outputs(len(empty), layers, self.config.n_output_layers, self.config.output_dim)
+        show = len(toks) > PROGRESS_THRESHOLD if progress is None else bool(progress)
         bar = None
         if show:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=len(token_lists), unit="sent", desc="embed")
-            bar.update(len(token_lists) - sum(len(g) for g in groups))
+            bar = tqdm(total=len(toks), unit="sent", desc="embed")
+            bar.update(len(toks) - sum(len(p.indices) for p in plans))
+        if not plans:
+            if bar is not None:
+                bar.close()
+            return
+        cache = self._usable_cache()
+        tokens = CallTokens(toks, self.config.char_cnn.max_characters_per_token)
+        cache_rows = None if cache is None else CacheRows.build(tokens, cache.index, len(cache.vectors))
+        prepared = maybe_ahead(plans, lambda plan: prepare_group(tokens, plan, cache_rows), LOOK_AHEAD)
 
-        def to_host(group: list[int], out: jax.Array) -> list[np.ndarray]:
+        def to_host(group: Group, out: jax.Array) -> list[np.ndarray]:
             host = np.asarray(out)
-            return _split_rows(host if layers == "all" else host[None], [len(token_lists[i]) for i in group],
-                               squeeze=layers != "all")
+            return split_rows(host if layers == "all" else host[None], [lengths[i] for i in group.plan.indices],
+                              squeeze=layers != "all")
 
         try:
             # One group in flight: the next group is dispatched (jax runs it asynchronously)
-            # before this one is copied to the host and sliced, so the device computes
+            # before this one is copied to the host and sliced, so the devices compute
             # while the host copies.
-            pending: tuple[list[int], jax.Array] | None = None
-            for group in groups + [None]:
+            pending: tuple[Group, jax.Array] | None = None
+            for group in itertools.chain(prepared, [None]):
                 out = None
                 if group is not None:
-                    out = self._reduce(self._run_group([token_lists[i] for i in group], stateful, batch_size),
-                                       layers, mix_params)
+                    out = reduce_layers(self._run_group(group, stateful, cache), layers, mix)
                 if pending is not None:
-                    yield pending[0], to_host(*pending)
+                    yield pending[0].plan.indices, to_host(*pending)
                     if bar is not None:
-                        bar.update(len(pending[0]))
+                        bar.update(len(pending[0].plan.indices))
                 pending = None if group is None else (group, out)
         finally:
+            prepared.close()
             if bar is not None:
                 bar.close()
 
-    def _check_mix_params(self, mix_params: dict | None) -> dict:
-        if mix_params is None:
-            raise ValueError(
-                'layers="mix" needs mix_params={"scalars": [L+1], "gamma": scalar} '
-                "(elmo_jax.model.heads.scalar_mix_init or a trained head)"
-            )
-        n = self.config.n_output_layers
-        if not isinstance(mix_params, dict):
-            raise ValueError(f'mix_params must be a dict {{"scalars": [L+1], "gamma": scalar}} '
-                             f"(elmo_jax.model.heads.scalar_mix_init or a trained head), got {type(mix_params).__name__}")
-        if "scalars" not in mix_params and isinstance(mix_params.get("mix"), dict):
-            raise ValueError('mix_params takes the ScalarMix itself: pass result.params["mix"] of a '
-                             'trained tagger, not the whole head')
-        scalars = np.asarray(mix_params.get("scalars"), np.float32)
-        if scalars.shape != (n,):
-            raise ValueError(f"mix_params['scalars'] must have shape ({n},), got {scalars.shape}")
-        return {"scalars": jnp.asarray(scalars), "gamma": jnp.asarray(mix_params.get("gamma", 1.0), jnp.float32)}
-
-    @staticmethod
-    def _reduce(layers_LBTD: jax.Array, layers: str, mix_params: dict | None) -> jax.Array:
-        if layers == "all":
-            return layers_LBTD
-        if layers == "top":
-            return layers_LBTD[-1]
-        if layers == "average":
-            return jnp.mean(layers_LBTD, axis=0)
-        return scalar_mix(mix_params, layers_LBTD)
-
-    def _marker_vectors(self) -> tuple[jax.Array, jax.Array]:
-        """The ``<S>`` / ``</S>`` vectors, encoded once per parameters (and matmul precision),
-        not with every batch: one `small` sentence took 8.5 ms with them in the encoder
-        pass, 7.9 ms without (2-core benchmark machine)."""
-        leaves = jax.tree.leaves(self.params)
-        key = (jax.default_matmul_precision.value, leaves)
-        if self._markers is None or self._markers[0][0] != key[0] or not _same_leaves(self._markers[0][1], leaves):
-            self._markers = (key, self._encode_markers(self.params, self.config))
-        return self._markers[1]
-
-    def _run_group(self, token_lists: list[list[str]], stateful: bool, batch_size: int) -> jax.Array:
-        n_rows = row_bucket(len(token_lists), batch_size) if not stateful else batch_size
-        n_time = time_bucket(max(len(t) for t in token_lists))
-        lengths = np.full((n_rows,), -1, np.int32)
-        lengths[: len(token_lists)] = [len(t) for t in token_lists]
-        if stateful:
-            if self._state is None:
-                self._state = zero_state(self.config, self.batch_size)
-            state = jax.tree.map(lambda s: s[:, :, :n_rows], self._state)
-        else:  # an explicit zero state: stateless and stateful calls share one executable
-            if n_rows not in self._zero_states:  # made once per row count (arrays are immutable)
-                self._zero_states[n_rows] = zero_state(self.config, n_rows)
-            state = self._zero_states[n_rows]
-        if self._cache_vectors is not None and not _same_leaves(self._cache_params, jax.tree.leaves(self.params)):
+    def _usable_cache(self) -> TokenCache | None:
+        """The token cache, if this call may use it (it belongs to the current parameters and
+        serves the current matmul precision)."""
+        if self._cache is None:
+            return None
+        if not self._cache.belongs_to(jax.tree.leaves(self.params)):
             warnings.warn("elmo.params changed since the token cache was built: the cache belonged to the old "
                           "parameters and was dropped; call cache_vocabulary(...) again for the new ones",
                           stacklevel=4)
             self.clear_token_cache()
-        if self._cache_vectors is not None and self._cache_precision in (_ANY_PRECISION,
-                                                                         jax.default_matmul_precision.value):
-            e = self._token_vectors(token_lists, n_rows, n_time)
+            return None
+        return self._cache if self._cache.serves(current_precision()) else None
+
+    def _run_group(self, group: Group, stateful: bool, cache: TokenCache | None) -> jax.Array:
+        """Dispatch one prepared group on the devices: layers ``[L+1, R, T, 2P]``."""
+        n_rows, n_time = group.plan.n_rows, group.plan.n_time
+        state = self._states.start(n_rows, stateful)
+        lengths = self._placement.put_rows(group.lengths_R)
+        markers = self._marker_vectors()
+        if group.char_ids_RTC is None:
+            table = cache.vectors
+            if group.extra_words:
+                new = self._encode_words(group.extra_words, self.config.char_cnn.max_characters_per_token)
+                table = np.concatenate([table, new])
+            e = self._placement.put_rows(table[group.cache_rows_RT])
             self.compiled_cache_shapes.add(("lstm", n_rows, n_time))
-            layers, new_state = self._forward_vectors(self.params, self.config, e, jnp.asarray(lengths), state,
-                                                      markers=self._marker_vectors())
+            layers, new_state = self._forward_vectors(self.params, self.config, e, lengths, state, markers=markers)
         else:
-            ids = np.zeros((n_rows, n_time, self.config.char_cnn.max_characters_per_token), np.int32)
-            ids[: len(token_lists)] = chars.batch_to_ids(
-                token_lists, self.config.char_cnn.max_characters_per_token, max_length=n_time
-            )
+            ids = self._placement.put_rows(group.char_ids_RTC)
             self.compiled_shapes.add((n_rows, n_time))
-            layers, new_state = self._forward(self.params, self.config, ids, state, lengths,
-                                              markers=self._marker_vectors())
+            layers, new_state = self._forward(self.params, self.config, ids, state, lengths, markers=markers)
         if stateful:
-            self._state = jax.tree.map(
-                lambda old, new: old.at[:, :, :n_rows].set(new), self._state, new_state
-            )
+            self._states.carry(n_rows, new_state)
         return layers
 
     # -- context-free token-vector cache ------------------------------------------------
     @property
     def token_cache(self) -> tuple[list[str], np.ndarray] | None:
         """``(words, vectors [n_vocab, P])`` of the active cache, or ``None``."""
-        if self._cache_vectors is None:
+        if self._cache is None:
             return None
-        return list(self._cache_words), self._cache_vectors
+        return list(self._cache.words), self._cache.vectors
 
     def cache_vocabulary(self, tokens: Sequence[str], batch_size: int = 1024) -> np.ndarray:
         """Compute and keep the context-free vectors ``[n_vocab, P]`` of ``tokens``.
@@ -489,24 +458,23 @@ class Elmo:
         """
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        words = self._check_vocab(tokens)
+        words = check_vocab(tokens)
         self._say_truncation([words])
         n_chars = self.config.char_cnn.max_characters_per_token
         vectors = np.zeros((len(words), self.config.projection_dim), np.float32)
         for start in range(0, len(words), batch_size):
             chunk = words[start : start + batch_size]
             vectors[start : start + len(chunk)] = self._encode_words(chunk, n_chars)
-        self._set_cache(words, vectors, jax.default_matmul_precision.value)
+        self._cache = TokenCache(words, vectors, current_precision(), jax.tree.leaves(self.params))
         return vectors
 
     def save_token_cache(self, path: str | os.PathLike) -> None:
         """Write the active cache as HDF5: one dataset ``embedding`` ``[n_vocab, P]``
         (the word list is not stored: keep the vocabulary file that produced it)."""
-        if self._cache_vectors is None:
+        if self._cache is None:
             raise ElmoError("no token cache: call cache_vocabulary(tokens) first")
         refuse_output_over_inputs(path, {role: f for role, f in self.source_files.items() if role != "token cache"})
-        with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
-            f.create_dataset("embedding", data=self._cache_vectors)
+        self._cache.save(path)
 
     def load_token_cache(self, path: str | os.PathLike, vocab: Sequence[str] | str | os.PathLike) -> None:
         """Use a cache file written by :meth:`save_token_cache` (or the originals'
@@ -516,37 +484,14 @@ class Elmo:
         precision later calls run under."""
         if isinstance(vocab, (str, os.PathLike)):
             vocab = [tok for _, tok in read_token_lines(vocab)]
-        words = self._check_vocab(vocab)
-        path = os.fspath(path)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"token cache file not found: {path}")
-        try:
-            f = h5py.File(path, "r")
-        except OSError as e:
-            damage = hdf5_damage(path, e)
-            if damage:
-                raise ElmoError(f"{path} {damage}; copy the token cache again, or rebuild it with "
-                                f"cache_vocabulary + save_token_cache") from None
-            raise ElmoError(f"{path} is not a readable HDF5 token cache ({e}); the cache is the .hdf5 "
-                            f"file, the vocabulary the text file") from None
-        with f:
-            if "embedding" not in f:
-                raise ElmoError(f"{path} has no dataset 'embedding' (found: {', '.join(f.keys()) or 'nothing'})")
-            vectors = np.asarray(f["embedding"][...], np.float32)
-        expected = (len(words), self.config.projection_dim)
-        if vectors.shape != expected:
-            raise ElmoError(
-                f"{path}: 'embedding' has shape {vectors.shape}, expected {expected} "
-                f"({len(words)} vocabulary words x projection_dim {self.config.projection_dim})"
-            )
-        self._set_cache(words, vectors, _ANY_PRECISION)
+        words = check_vocab(vocab)
+        vectors = read_cache_vectors(path, len(words), self.config.projection_dim)
+        self._cache = TokenCache(words, vectors, ANY_PRECISION, jax.tree.leaves(self.params))
         self.source_files["token cache"] = os.path.abspath(path)
 
     def clear_token_cache(self) -> None:
         """Go back to running the char CNN for every token."""
-        self._cache_words, self._cache_index, self._cache_vectors = None, {}, None
-        self._cache_precision = _ANY_PRECISION
-        self._cache_params = []
+        self._cache = None
 
     def _say_truncation(self, token_lists: list[list[str]]) -> None:
         """Warn, once per object, that tokens longer than the char CNN reads are cut."""
@@ -558,107 +503,14 @@ class Elmo:
             self._truncation_said = True
             warnings.warn(chars.truncation_message(cut, n_chars), chars.TokenTruncatedWarning, stacklevel=4)
 
-    @staticmethod
-    def _check_vocab(tokens: Sequence[str]) -> list[str]:
-        if isinstance(tokens, str):
-            raise TypeError("cache_vocabulary takes a list of tokens, not a string")
-        try:
-            words = list(tokens)
-        except TypeError:
-            raise TypeError(f"cache_vocabulary takes a list of tokens, got {type(tokens).__name__}") from None
-        if not words:
-            raise ValueError("the vocabulary is empty")
-        for w in words:
-            if not isinstance(w, str) or not w:
-                raise ValueError(f"vocabulary entries must be non-empty strings, got {w!r}")
-        return words
-
-    def _set_cache(self, words: list[str], vectors: np.ndarray, precision: object) -> None:
-        """``precision``: the matmul precision the vectors were computed under (``None`` is
-        JAX's default), or ``_ANY_PRECISION`` for vectors from a file."""
-        index: dict[str, int] = {}
-        for i, w in enumerate(words):
-            index.setdefault(w, i)
-        self._cache_words, self._cache_index, self._cache_vectors = words, index, vectors
-        self._cache_precision = precision
-        self._cache_params = jax.tree.leaves(self.params)
-
     def _encode_words(self, words: Sequence[str], n_chars: int) -> np.ndarray:
-        n = _encoder_bucket(len(words))
+        """The char CNN's vectors ``[len(words), P]`` (padded to :func:`encoder_bucket` words;
+        replicated over the devices: a one-off per vocabulary or group)."""
+        n = encoder_bucket(len(words))
         ids = np.zeros((n, n_chars), np.int32)
         ids[: len(words)] = chars.tokens_to_ids(words, n_chars)
         self.compiled_cache_shapes.add(("encoder", n))
         return np.asarray(self._encode(self.params, self.config, ids))[: len(words)]
-
-    def _token_vectors(self, token_lists: list[list[str]], n_rows: int, n_time: int) -> np.ndarray:
-        """``[rows, time, P]``: cached words looked up, the group's other words encoded once."""
-        cache = self._cache_vectors
-        extra: dict[str, int] = {}
-        idx = np.zeros((n_rows, n_time), np.int64)
-        for r, tokens in enumerate(token_lists):
-            for t, w in enumerate(tokens):
-                k = self._cache_index.get(w)
-                if k is None:
-                    k = extra.setdefault(w, len(cache) + len(extra))
-                idx[r, t] = k
-        if extra:
-            new = self._encode_words(list(extra), self.config.char_cnn.max_characters_per_token)
-            table = np.concatenate([cache, new])
-        else:
-            table = cache
-        return table[idx]
-
-
-def _sentence_list(sentences: Sequence[Sentence]) -> list[Sentence]:
-    """``embed``'s argument as a list, or a TypeError that says what it takes."""
-    if isinstance(sentences, (str, bytes)):
-        raise TypeError("embed() takes a list of sentences; wrap a single sentence as [sentence]")
-    try:
-        return list(sentences)
-    except TypeError:
-        raise TypeError(f"embed() takes a list of sentences (strings, or lists of str tokens), got "
-                        f"{type(sentences).__name__}: {sentences!r:.80}") from None
-
-
-def _token_lists(sentences: list[Sentence]) -> list[list[str]]:
-    """Each sentence as a token list; an error names the sentence's index.  An empty-string
-    token is refused: it would be embedded as a word with no characters."""
-    out = []
-    for i, sentence in enumerate(sentences):
-        try:
-            tokens = chars.tokenize(sentence)
-        except TypeError as e:
-            raise TypeError(f"sentence {i}: {e}") from None
-        if not all(tokens):
-            raise ValueError(
-                f"sentence {i}: token {[bool(t) for t in tokens].index(False)} is an empty string: a token needs "
-                f"at least one character (splitting a string sentence never gives one); drop empty strings "
-                f"from the token list")
-        out.append(tokens)
-    return out
-
-
-def _same_leaves(a: list, b: list) -> bool:
-    """Whether two lists of parameter leaves are the very same arrays (parameters are
-    immutable, so identity means the same values)."""
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
-
-
-def _split_rows(host_LBTD: np.ndarray, lengths: list[int], squeeze: bool) -> list[np.ndarray]:
-    """Row ``r``'s first ``lengths[r]`` steps as its own C-contiguous ``[L, n, D]`` array
-    (``[n, D]`` if ``squeeze``).  The arrays are slices of one buffer per group: a fresh
-    allocation per sentence made every page of every sentence fault on first write
-    (7-30 us per `original` token on the 2-core machine, against ~2 us this way)."""
-    n_layers, _, _, dim = host_LBTD.shape
-    per_step = n_layers * dim
-    buf = np.empty(sum(lengths) * per_step, host_LBTD.dtype)
-    out, start = [], 0
-    for r, n in enumerate(lengths):
-        a = buf[start : start + n * per_step].reshape(n_layers, n, dim)
-        np.copyto(a, host_LBTD[:, r, :n])
-        out.append(a[0] if squeeze else a)
-        start += n * per_step
-    return out
 
 
 def _find_file(model_dir: str, preferred_name: str, keyword: str, suffix: str) -> str:
@@ -679,4 +531,5 @@ def _find_file(model_dir: str, preferred_name: str, keyword: str, suffix: str) -
     )
 
 
-__all__ = ["Elmo", "ConfigError", "time_bucket", "time_buckets", "row_bucket", "scan_length_bucket"]
+__all__ = ["Elmo", "ConfigError", "time_bucket", "time_buckets", "row_bucket", "scan_length_bucket",
+           "n_row_buckets", "LAYER_MODES", "MIN_SCAN_LENGTH", "N_MARKERS", "MIN_ENCODER_TOKENS", "Sentence"]

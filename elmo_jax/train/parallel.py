@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from elmo_jax.embedding.devices import rows_sharding
 from elmo_jax.train.config_loader import PARALLEL_MODES
 from elmo_jax.train.step import eval_step, train_step
 
@@ -32,12 +33,6 @@ def global_mesh() -> Mesh:
     """A ``(data,)`` mesh of all devices of the job, process by process."""
     devices = sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     return Mesh(np.asarray(devices), (AXIS,))
-
-
-def rows_sharding(mesh: Mesh, ndim: int, axis: int) -> NamedSharding:
-    spec = [None] * ndim
-    spec[axis] = AXIS
-    return NamedSharding(mesh, P(*spec))
 
 
 def to_global_replicated(tree, mesh: Mesh):
