@@ -23,7 +23,7 @@ import os
 import h5py
 import numpy as np
 
-from elmo_jax.embed_layouts import LAYOUT_ATTR
+from elmo_jax.embed_layouts import LAYOUT_ATTR, RUN_ATTR
 from elmo_jax.errors import ElmoError
 
 
@@ -46,16 +46,21 @@ class _File:
                 raise EmbeddingsFileError(f"{path} is HDF5 but not an embeddings file (no sentence_to_index "
                                           f"and no {LAYOUT_ATTR} attribute)")
             self.layout = "allennlp"
-        if self.layout == "allennlp":
-            self._names = sorted((k for k in self.f.keys() if k.isdigit()), key=int)
+        if self.layout == "allennlp":  # datasets "first", "first + 1", ...: nothing listed on opening
+            run = json.loads(self.f.attrs[RUN_ATTR]) if RUN_ATTR in self.f.attrs else {}
+            self.first = int(run.get("shard", {}).get("first_line", 0))
             self._texts: dict[int, str] | None = None
-            self.n = len(self._names)
+            self.n = len(self.f) - ("sentence_to_index" in self.f)
         else:
             self.n = self.f["line_numbers"].shape[0]
 
     def get(self, i: int) -> np.ndarray:
         if self.layout == "allennlp":
-            return self.f[self._names[i]][...]
+            name = str(self.first + i)
+            if name not in self.f:
+                raise EmbeddingsFileError(f"{self.f.filename} has {self.n} sentence datasets but no dataset {name!r}: "
+                                          f"not a file with one dataset per line '0', '1', ...")
+            return self.f[name][...]
         if self.layout == "sentence_vectors":
             return self.f["sentence_vectors"][i]
         start, end = self.f["offsets"][i : i + 2]
@@ -64,7 +69,7 @@ class _File:
 
     def line(self, i: int) -> int:
         if self.layout == "allennlp":
-            return int(self._names[i])
+            return self.first + i
         return int(self.f["line_numbers"][i])
 
     def sentence(self, i: int) -> str | None:

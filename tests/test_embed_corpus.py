@@ -345,3 +345,22 @@ def test_two_processes_write_shards_read_as_one(model_dir, src, tmp_path, refere
         for i in range(N_LINES):
             np.testing.assert_allclose(sharded[i], single[i], atol=1e-6, rtol=0)
             assert sharded.line(i) == i and sharded.sentence(i) == single.sentence(i)
+
+
+def test_a_killed_process_resumes_its_own_shard(model_dir, src, tmp_path, reference):
+    out = tmp_path / "out.shards"
+    args = ["embed", str(src), str(out), "--top", "--format", "packed", "--model", str(model_dir), *GROUP]
+    procs = _job(args, kill={1: ("mid_group", 2)})  # process 1 dies writing its second group (lines 64-79)
+    logs = _wait(procs, timeout=300)
+    assert procs[1].returncode == -signal.SIGKILL and procs[0].returncode != 0, logs
+    assert not out.exists()
+    assert (tmp_path / "out.shards.partial" / "shard-00000-of-00002.hdf5").exists()  # process 0 had finished
+    procs = _job(args)
+    logs = _wait(procs)
+    assert [p.returncode for p in procs] == [0, 0], logs
+    assert "shard 0 of 2 is already complete" in logs[0]
+    assert "resuming from line 65 (16 of 48 lines were done" in logs[1]
+    with read_embeddings(out) as sharded, read_embeddings(reference["packed"]) as single:
+        assert len(sharded) == N_LINES
+        for i in range(N_LINES):
+            np.testing.assert_allclose(sharded[i], single[i], atol=1e-6, rtol=0)
