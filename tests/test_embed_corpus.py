@@ -270,7 +270,8 @@ def _cli_process(where: str, at: int, args: list[str], **kw) -> subprocess.Popen
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
 
 
-@pytest.mark.parametrize("where", ["random", "mid_group", "before_progress"])
+@pytest.mark.parametrize("where", ["random", "mid_group",
+                                   pytest.param("before_progress", marks=pytest.mark.slow)])
 def test_kill_9_then_the_same_command_finishes_bit_for_bit(model_dir, elmo, src, tmp_path, reference, where):
     out = tmp_path / "out.hdf5"
     args = ["embed", str(src), str(out), "--top", "--format", "packed", "--model", str(model_dir), *GROUP]
@@ -347,6 +348,7 @@ def test_two_processes_write_shards_read_as_one(model_dir, src, tmp_path, refere
             assert sharded.line(i) == i and sharded.sentence(i) == single.sentence(i)
 
 
+@pytest.mark.slow  # two jobs and a heartbeat timeout
 def test_a_killed_process_resumes_its_own_shard(model_dir, src, tmp_path, reference):
     out = tmp_path / "out.shards"
     args = ["embed", str(src), str(out), "--top", "--format", "packed", "--model", str(model_dir), *GROUP]
