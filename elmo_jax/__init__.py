@@ -8,7 +8,8 @@ projected-LSTM language model, weight files in the released models' HDF5 layout,
 from elmo_jax.chars import TokenTruncatedWarning, batch_to_ids
 from elmo_jax.config import ConfigError, ElmoConfig, count_params
 
-__all__ = ["ConfigError", "Elmo", "ElmoConfig", "TokenTruncatedWarning", "batch_to_ids", "count_params"]
+__all__ = ["ConfigError", "Elmo", "ElmoConfig", "TokenTruncatedWarning", "batch_to_ids", "count_params",
+           "read_embeddings"]
 __version__ = "0.1.0"
 
 
@@ -18,4 +19,8 @@ def __getattr__(name):
         from elmo_jax.embedder import Elmo
 
         return Elmo
+    if name == "read_embeddings":
+        from elmo_jax.embeddings_reader import read_embeddings
+
+        return read_embeddings
     raise AttributeError(f"module 'elmo_jax' has no attribute {name!r}")

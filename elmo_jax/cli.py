@@ -9,6 +9,7 @@ import time
 
 from elmo_jax.config import COMPUTE_DTYPES
 from elmo_jax.errors import USER_ERRORS
+from elmo_jax.embed_input import GROUP_LINES, MAX_TOKENS
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -152,10 +153,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _embed(args: argparse.Namespace) -> int:
-    """Embed a text file (one sentence per line) into HDF5 (elmo_jax.embed_file)."""
-    from elmo_jax.embed_file import embed_file
-    from elmo_jax.embedder import Elmo
-
+    """Embed a text file (one sentence per line) into HDF5, streaming and resumable (elmo_jax.embed_file)."""
     if args.model and args.preset:
         raise ValueError("give --model DIR or --preset NAME, not both")
     if not args.model and not args.preset:
@@ -165,16 +163,45 @@ def _embed(args: argparse.Namespace) -> int:
             "a URL; there is no downloadable default. For a trial run, "
             "--preset tiny embeds with a RANDOM model (meaningless vectors)"
         )
-    if args.batch_size < 1:
-        raise ValueError(f"--batch-size must be >= 1, got {args.batch_size}")
+    for flag, value in (("--batch-size", args.batch_size), ("--group-lines", args.group_lines),
+                        ("--max-tokens", args.max_tokens)):
+        if value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.sentence_vectors and args.format is not None:
+        raise ValueError("--sentence-vectors writes its own layout (one row per sentence); drop --format")
+    if not _maybe_init_distributed(args):
+        return _embed_run(args)
+    import jax
+    import traceback
+
+    try:  # as in train: a failing process leaves at once, the runtime stops its peers
+        code = _embed_run(args)
+    except USER_ERRORS as e:
+        print(f"elmo-jax embed (process {jax.process_index()}): error: {e}", file=sys.stderr)
+        _exit_now(2)
+    except BaseException:
+        print(f"elmo-jax embed (process {jax.process_index()}): failed:", file=sys.stderr)
+        traceback.print_exc()
+        _exit_now(1)
+    return code
+
+
+def _embed_run(args: argparse.Namespace) -> int:
+    from elmo_jax.embed_file import embed_file
+    from elmo_jax.embedder import Elmo
+
     elmo = (Elmo.load(args.model, dtype=args.dtype) if args.model
             else Elmo.random(args.preset, seed=args.seed, dtype=args.dtype))
-    start = time.perf_counter()
-    out = embed_file(elmo, args.input, args.output, args.layers, batch_size=args.batch_size,
-                     overwrite=args.overwrite, progress=not args.no_progress)
-    seconds = time.perf_counter() - start
-    print(f"wrote {out['sentences']} sentences ({out['tokens']} tokens, layers={args.layers}) to "
-          f"{out['output']} in {seconds:.1f} s")
+    layout = "sentence_vectors" if args.sentence_vectors else (args.format or "allennlp")
+    out = embed_file(elmo, args.input, args.output, args.layers, layout=layout, batch_size=args.batch_size,
+                     group_lines=args.group_lines, max_tokens=args.max_tokens, overwrite=args.overwrite,
+                     restart=args.restart, progress=not args.no_progress)
+    seconds = out["seconds"]
+    resumed = f", resumed at line {out['resumed_from'] + 1}" if out["resumed_from"] is not None else ""
+    if out["hosts"] == 1 or _is_main():
+        print(f"wrote {out['sentences']} sentences ({out['tokens']} tokens, layers={args.layers}, {layout}) to "
+              f"{out['output']} in {seconds:.1f} s: {out['tokens'] / max(seconds, 1e-9):,.0f} tokens/s on "
+              f"{out['devices']} device(s) x {out['hosts']} host(s){resumed}")
     return 0
 
 
@@ -189,6 +216,21 @@ def _download(args: argparse.Namespace) -> int:
             print(f"  {f.name}  ({f.stat().st_size:,} bytes)")
     print(f"load it with:  elmo_jax.Elmo.load({args.model!r})  or  elmo-jax embed IN OUT --model {args.model}")
     return 0
+
+
+def _add_distributed_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--distributed", action="store_true",
+                   help="join a multi-process job: jax.distributed.initialize() with the flags below, "
+                        "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID, or what jax detects "
+                        "from the launcher (SLURM, Open MPI, Cloud TPU); --coordinator, --num-processes or "
+                        "--process-id imply it")
+    p.add_argument("--coordinator", metavar="HOST:PORT",
+                   help="address of process 0's coordination service (the same on every process)")
+    p.add_argument("--num-processes", type=int, metavar="N", help="processes in the job")
+    p.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0..N-1")
+    p.add_argument("--heartbeat-timeout", type=int, metavar="S",
+                   help="seconds after which a silent process counts as dead and the job stops (default 60; "
+                        "multi-process jobs only)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -214,18 +256,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tr.add_argument("--workdir", help="run folder: checkpoints, metrics, vocab (default runs/<model>)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
-    tr.add_argument("--distributed", action="store_true",
-                    help="join a multi-process job: jax.distributed.initialize() with the flags below, "
-                         "JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID, or what jax detects "
-                         "from the launcher (SLURM, Open MPI, Cloud TPU); --coordinator, --num-processes or "
-                         "--process-id imply it")
-    tr.add_argument("--coordinator", metavar="HOST:PORT",
-                    help="address of process 0's coordination service (the same on every process)")
-    tr.add_argument("--num-processes", type=int, metavar="N", help="processes in the job")
-    tr.add_argument("--process-id", type=int, metavar="I", help="this process's index, 0..N-1")
-    tr.add_argument("--heartbeat-timeout", type=int, metavar="S",
-                    help="seconds after which a silent process counts as dead and the job stops (default 60; "
-                         "multi-process jobs only)")
+    _add_distributed_flags(tr)
     tr.set_defaults(func=_train)
 
     ev = sub.add_parser("eval", help="held-out perplexity of a run's checkpoint (full softmax)")
@@ -251,7 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
     em = sub.add_parser(
         "embed", help="embed a text file (one sentence per line) into HDF5",
         description="Write one dataset per input line ('0', '1', ...): [L+1, n_tokens, 2P] with --all, "
-                    "[n_tokens, 2P] with --top/--average, plus 'sentence_to_index' (JSON).",
+                    "[n_tokens, 2P] with --top/--average, plus 'sentence_to_index' (JSON); or --format packed, "
+                    "or --sentence-vectors. Streams the input; an interrupted run (kill, SIGTERM, full disk) "
+                    "continues when run again. Read any output with elmo_jax.read_embeddings(OUTPUT).",
     )
     em.add_argument("input", help="UTF-8 text, one whitespace-tokenized sentence per line")
     em.add_argument("output", help="the HDF5 file to write")
@@ -268,8 +301,23 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("--dtype", default="float32", choices=COMPUTE_DTYPES,
                     help="matmul operand dtype; bfloat16 keeps params, state and outputs float32 "
                          "(faster on GPU/TPU, not on XLA:CPU)")
+    em.add_argument("--format", choices=("allennlp", "packed"),
+                    help="allennlp (default): one dataset per line + sentence_to_index, what other tools read; "
+                         "packed: one token-major dataset + offsets + line numbers, for corpora")
+    em.add_argument("--sentence-vectors", action="store_true",
+                    help="write one vector per sentence (the mean over its tokens of the chosen layers) instead "
+                         "of token vectors: dataset sentence_vectors [N, 2P]")
+    em.add_argument("--group-lines", type=int, default=GROUP_LINES,
+                    help=f"lines embedded, written and checkpointed at a time (default {GROUP_LINES}); memory "
+                         f"holds about one group")
+    em.add_argument("--max-tokens", type=int, default=MAX_TOKENS,
+                    help=f"refuse a line of more tokens than this (default {MAX_TOKENS:,}): a line is one sentence")
     em.add_argument("--overwrite", action="store_true", help="replace OUTPUT if it exists")
+    em.add_argument("--restart", action="store_true",
+                    help="discard the partial output of an interrupted run (OUTPUT.partial) and start over; "
+                         "without it a matching partial run is continued")
     em.add_argument("--no-progress", action="store_true", help="no progress bar")
+    _add_distributed_flags(em)
     em.set_defaults(func=_embed)
 
     dl = sub.add_parser(

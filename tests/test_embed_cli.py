@@ -133,20 +133,29 @@ def test_byte_order_mark_is_not_part_of_the_first_word(tmp_path, elmo):
     assert_close_across_programs(first, elmo.embed(["Hello world"], layers="top")[0])
 
 
-def test_interrupted_write_leaves_no_file(tmp_path, elmo):
+def test_interrupted_write_leaves_nothing_under_the_output_name(tmp_path, elmo):
+    """A failure mid-run leaves no output and no temporary file, only the resumable
+    OUT.partial/ state (before resumable runs, it left nothing at all)."""
     src = _write(tmp_path / "in.txt", ["a b", "c d e"])
 
     class Boom(Exception):
         pass
 
     class Exploding:
-        def embed_groups(self, *a, **k):
-            yield from elmo.embed_groups(["a b"], "all")
-            raise Boom()
+        def __init__(self):
+            self.config, self.params, self.batch_size, self.calls = elmo.config, elmo.params, 64, 0
+
+        def embed(self, *a, **k):
+            self.calls += 1
+            if self.calls == 2:
+                raise Boom()
+            return elmo.embed(*a, **k)
 
     with pytest.raises(Boom):
-        embed_file(Exploding(), src, tmp_path / "out.hdf5")
-    assert sorted(os.listdir(tmp_path)) == ["in.txt"]
+        embed_file(Exploding(), src, tmp_path / "out.hdf5", group_lines=1, progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5.partial"]
+    embed_file(elmo, src, tmp_path / "out.hdf5", group_lines=1, progress=False)
+    assert sorted(os.listdir(tmp_path)) == ["in.txt", "out.hdf5"]
 
 
 def test_cli_bfloat16_embeds_within_tolerance(tmp_path, model_dir, elmo):
