@@ -28,7 +28,7 @@ from elmo_jax.config import ElmoConfig
 from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.embedder import OPTIONS_FILE, WEIGHTS_FILE
 from elmo_jax.errors import ElmoError
-from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError
+from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError, check_vocabulary_size
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.step import init_train_state, make_optimizer
 from elmo_jax.model.lstm import zero_state
@@ -77,6 +77,7 @@ def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) 
     try:
         meta = ckpts.read_meta(step)
         step = int(meta["step"]) if step is None else step
+        check_vocabulary_size(meta, len(vocab), ckpts.path(step), os.path.join(workdir, "vocab.txt"))
         optimizer = make_optimizer(train_config.optimizer, train_config.learning_rate, train_config.initial_accumulator, train_config.clip_norm)
         template = jax.eval_shape(
             lambda: (init_train_state(jax.random.key(0), model_config, len(vocab), optimizer),
