@@ -32,7 +32,7 @@ from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError, chec
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.step import init_train_state, make_optimizer
 from elmo_jax.model.lstm import zero_state
-from elmo_jax.weights import save_weights
+from elmo_jax.weights import check_finite_weights, params_to_datasets, save_weights
 
 SOFTMAX_FILE = "softmax.hdf5"
 VOCAB_FILE = "vocab.txt"
@@ -93,6 +93,10 @@ def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) 
         raise DamagedCheckpointError(e.step, e.path, e.reason, hint) from None
     finally:
         ckpts.close()
+    params = train_state["params"]
+    check_finite_weights({**params_to_datasets(params["bilm"], model_config),
+                          **{f"softmax/{k}": np.asarray(v) for k, v in params["softmax"].items()}},
+                         f"checkpoint {ckpts.path(step)}")
     eval_max_batches = meta.get("config", {}).get("eval_max_batches", train_config.eval_max_batches)
     return LoadedCheckpoint(workdir, step, train_state["params"], model_config, train_config, vocab,
                             meta.get("heldout"), eval_max_batches)
