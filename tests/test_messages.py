@@ -16,7 +16,7 @@ import pytest
 from flax import nnx
 
 from elmo_jax import Elmo
-from elmo_jax.errors import ElmoError, is_disk_full
+from elmo_jax.errors import ElmoError
 from elmo_jax.nnx import ElmoLayer, batch_inputs
 from elmo_jax.weights import WeightFileError
 
@@ -118,8 +118,8 @@ def test_a_full_disk_while_preparing_text_is_one_line(tmp_path, monkeypatch, wor
     fix; nothing half-written is left in data_dir."""
     import tensorflow_datasets as tfds
 
-    from elmo_jax.cli import main
     from elmo_jax.data import text_source
+    from elmo_jax.errors import is_disk_full
 
     if workers:
         monkeypatch.setattr(text_source, "write_range", _full_disk_write_range)

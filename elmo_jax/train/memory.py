@@ -15,7 +15,13 @@ estimates, from the config alone, what one device needs at the least:
 and refuses a step that cannot fit in what the devices have: on CPU the host's available
 RAM shared by all local devices, on an accelerator the device's own memory.  The estimate
 leaves out XLA's temporaries and buffers, so it is below what the step really takes: what
-it refuses cannot run, and what it passes may still be tight.
+it refuses cannot run, and what it passes may still be tight.  Checked against XLA's own
+count (``jit(train_step).lower(...).compile().memory_analysis()``: arguments + outputs +
+temporaries) on the ``tiny`` preset (2026-12-07, AMD EPYC Zen 3, 2 cores, AVX2, shared):
+53 MiB estimated against XLA's 120 MiB (32 rows x 20 tokens, full softmax over 5,000), 129
+against 349 MiB (128 x 20, 1,024 sampled negatives).  XLA's count needs the step compiled,
+which for a large model takes minutes (and is what the refusal must come before), so it is
+not used here.
 """
 
 from __future__ import annotations
