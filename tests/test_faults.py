@@ -316,6 +316,33 @@ def test_a_cut_vocabulary_is_named_not_blamed_on_the_layout(reference_run, tmp_p
     assert (work / "checkpoints" / "6").is_dir()  # not taken for damage: nothing moved aside
 
 
+def test_a_checkpoint_holding_nan_is_refused_by_export_naming_the_weight(reference_run, tmp_path, capsys):
+    """#37: NaN weights embedded to NaN without a word; export names the weight and the way out."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    from elmo_jax.train.checkpoints import Checkpoints
+
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
+    ckpts = Checkpoints(work)
+    try:
+        state_dir = ckpts.path(6) + "/state"
+        with ocp.StandardCheckpointer() as reader:  # the arrays with their recorded shapes
+            tree = reader.metadata(state_dir)
+            tree = getattr(tree, "item_metadata", tree)
+            state = reader.restore(state_dir, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree,
+                                                           is_leaf=lambda x: hasattr(x, "shape")))
+        state = jax.tree.map(np.array, state)
+        state[0]["params"]["bilm"]["lstm"][0]["b"][0, 1] = np.nan
+        ckpts.save(7, state, {**ckpts.read_meta(6), "step": 7})
+    finally:
+        ckpts.close()
+    assert main(["export", str(work), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {work / 'checkpoints' / '7'}: weight 'RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/B' holds 1 NaN" in err
+    assert not (tmp_path / "out").exists()
+
+
 def _read_only(folder):
     """Make ``folder`` read-only for this process (a read-only bind mount for root, whom
     permissions do not stop); returns the undo, or None where neither is possible."""

@@ -76,32 +76,33 @@ def test_a_closed_loops_echo_is_dropped_and_nothing_else(mode):
 
 
 def test_a_failed_start_waits_for_orbaxs_cleanup_thread(tmp_path, monkeypatch):
-    """orbax removes leftover temporary folders in a background thread; a start that fails
-    (here: no such data file) and tidies its empty folders must not remove them under that
-    thread (whose logged traceback came about one start in ten): the cleanup is done before
-    the start goes on, however slow it is."""
+    """orbax removes leftover temporary folders in a background thread; a start that failed
+    (here: no such data file) tidied its empty folders away under that thread, whose logged
+    traceback came about one start in ten.  The cleanup now ends before the start goes on,
+    however slow it is: the order of the two is checked, not a time."""
     import asyncio
 
     from orbax.checkpoint._src.path import temporary_paths
 
-    from elmo_jax.train.loop import train
+    from elmo_jax.train import loop
 
-    original = temporary_paths.cleanup_temporary_paths
-    outcome = []
+    events = []
+    original_cleanup, original_start_config = temporary_paths.cleanup_temporary_paths, loop.start_config
 
     async def slow_cleanup(*args, **kwargs):
-        await asyncio.sleep(0.5)  # a slow filesystem
-        try:
-            await original(*args, **kwargs)
-            outcome.append("done")
-        except Exception as e:  # noqa: BLE001 - what the thread would have logged
-            outcome.append(repr(e))
-            raise
+        await asyncio.sleep(1.0)  # a slow filesystem
+        await original_cleanup(*args, **kwargs)
+        events.append("cleanup done")
+
+    def start_config(*args, **kwargs):  # the start's next step after the checkpoints are opened
+        events.append("start goes on")
+        return original_start_config(*args, **kwargs)
 
     monkeypatch.setattr(temporary_paths, "cleanup_temporary_paths", slow_cleanup)
+    monkeypatch.setattr(loop, "start_config", start_config)
     with pytest.raises(FileNotFoundError, match="text file not found"):
-        train(_train_cfg(tmp_path, data=str(tmp_path / "missing.txt")), str(tmp_path / "run"), progress=False)
-    assert outcome == ["done"]  # finished, and before train returned
+        loop.train(_train_cfg(tmp_path, data=str(tmp_path / "missing.txt")), str(tmp_path / "run"), progress=False)
+    assert events == ["cleanup done", "start goes on"]
     assert not (tmp_path / "run").exists()  # the failed start still leaves nothing
 
 
