@@ -4,10 +4,8 @@ checkpoints path that is a file, a step that cannot fit in memory, NaN weights, 
 bridge's dropout rng, mix_params keys).  The checkpoint faults that need a trained run are in
 test_faults.py, beside the run they share."""
 
-import errno
 import subprocess
 import sys
-import textwrap
 
 import h5py
 import jax
