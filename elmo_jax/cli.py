@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import sys
+import tempfile
 import time
 
 from elmo_jax.config import COMPUTE_DTYPES
-from elmo_jax.errors import USER_ERRORS
+from elmo_jax.errors import USER_ERRORS, ElmoError
 from elmo_jax.embed_input import GROUP_LINES, MAX_TOKENS
 
 
@@ -120,7 +123,7 @@ def _is_main() -> bool:
 def _eval(args: argparse.Namespace) -> int:
     """Held-out perplexity of a workdir's latest checkpoint (full softmax)."""
     from elmo_jax.train.export import load_checkpoint_params
-    from elmo_jax.train.loop import data_dir_for, evaluate
+    from elmo_jax.train.loop import data_dir_for
     from elmo_jax.data.text_source import make_source
 
     _quiet_data_preparation()
@@ -128,8 +131,26 @@ def _eval(args: argparse.Namespace) -> int:
     data = args.data or loaded.heldout_spec
     if not data:
         raise ValueError("no held-out data: pass --data PATH (one tokenized sentence per line)")
-    source = make_source(data, "test", data_dir_for(data, args.data_dir or loaded.train_config.data_dir,
-                                                    loaded.workdir))
+    data_dir = data_dir_for(data, args.data_dir or loaded.train_config.data_dir, loaded.workdir)
+    with contextlib.ExitStack() as scratch:
+        try:
+            source = make_source(data, "test", data_dir)
+        except OSError as e:  # a read-only workdir (or data_dir): evaluating needs no lasting copy
+            if data_dir is None or e.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
+            if args.data_dir:
+                raise ElmoError(f"--data-dir {data_dir} cannot be written ({e.strerror}): give a writable "
+                                f"folder, or leave --data-dir out") from None
+            tmp = scratch.enter_context(tempfile.TemporaryDirectory(prefix="elmo-jax-eval-"))
+            print(f"elmo-jax eval: {data_dir} cannot be written ({e.strerror}); preparing {data} in a "
+                  f"temporary folder instead (pass --data-dir DIR to keep the prepared copy)", file=sys.stderr)
+            source = make_source(data, "test", tmp)
+        return _eval_source(args, loaded, data, source)
+
+
+def _eval_source(args: argparse.Namespace, loaded, data: str, source) -> int:
+    from elmo_jax.train.loop import evaluate
+
     max_batches = args.max_batches
     if max_batches is None and not args.data:  # the run's own held-out set, capped as in training:
         cap = loaded.eval_max_batches  # of 32 rows (the latest start's setting, from the checkpoint)

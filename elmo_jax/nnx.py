@@ -53,6 +53,7 @@ from elmo_jax.embedder import Elmo, Sentence, row_bucket, time_bucket
 from elmo_jax.errors import ElmoError
 from elmo_jax.model import heads
 from elmo_jax.model.bilm import bilm
+from elmo_jax.storage_echoes import drop_closed_loop_echoes
 
 LINEN_COLLECTION = "elmo_weights"
 """The Linen collection that frozen biLM weights land in under ``nnx.bridge.to_linen``
@@ -152,11 +153,19 @@ class ElmoLayer(nnx.Module):
         self.mixes = nnx.List([ScalarMix(self.config.n_output_layers, layer_norm=layer_norm)
                                for _ in range(num_output_representations)])
         # Under nnx.bridge.to_linen the streams are Linen's: "dropout" exists only when
-        # apply(..., rngs={"dropout": key}) gives it (deterministic calls need none).
-        try:
-            self.dropout = nnx.Dropout(dropout, rngs=rngs)
-        except KeyError:
-            self.dropout = nnx.Dropout(dropout)
+        # apply(..., rngs={"dropout": key}) gives it (deterministic calls need none).  The
+        # bridge adds a "default" stream seeded 0 to every apply, and the layer is rebuilt at
+        # each one: masks drawn from it would be the same on every call, so it is not used.
+        linen = _under_linen()
+        streams = ("dropout",) if linen else ("dropout", "default")
+        has_stream = any(name in rngs for name in streams)
+        if dropout > 0 and not linen and not has_stream:
+            raise ValueError(
+                f"ElmoLayer(dropout={dropout}) draws dropout masks from the rngs' 'dropout' (or 'default') "
+                f"stream, and these rngs have neither: pass e.g. nnx.Rngs(0) or nnx.Rngs(params=0, dropout=1), "
+                f"or dropout=0.0")
+        self.dropout = nnx.Dropout(dropout, rngs=rngs) if has_stream else nnx.Dropout(dropout)
+        self.linen_without_dropout_rng = linen and not has_stream
 
     def all_layers(self, char_ids_BTC: jax.Array, mask_BT: jax.Array | None = None) -> jax.Array:
         """The biLM's layers ``[L+1, B, T, 2P]`` (0 = ``[e; e]``, ``l`` = ``[forward_l;
@@ -176,6 +185,12 @@ class ElmoLayer(nnx.Module):
 
     def __call__(self, char_ids_BTC: jax.Array, mask_BT: jax.Array | None = None, *,
                  deterministic: bool | None = None) -> tuple[jax.Array, ...]:
+        if self.linen_without_dropout_rng and self.dropout.rate > 0:
+            if not (self.dropout.deterministic if deterministic is None else deterministic):
+                raise ElmoError(
+                    f"ElmoLayer (dropout {self.dropout.rate}) under nnx.bridge.to_linen was applied without a "
+                    f"dropout rng and without deterministic: pass rngs={{'dropout': key}} to init/apply when "
+                    f"training (a new key each step), or deterministic=True when evaluating")
         layers_LBTD = self.all_layers(char_ids_BTC, mask_BT)
         if mask_BT is None:
             mask_BT = jnp.any(jnp.asarray(char_ids_BTC) > 0, axis=-1)
@@ -197,6 +212,17 @@ class ElmoLayer(nnx.Module):
             h.update(f"{jax.tree_util.keystr(path)}:{a.dtype}:{a.shape}".encode())
             h.update(a.tobytes())
         return h.hexdigest()
+
+
+def _under_linen() -> bool:
+    """True while a Linen module is being called (``nnx.bridge.to_linen`` builds the layer
+    inside one, with Linen's rng streams)."""
+    try:
+        from flax.linen.module import _context
+    except ImportError:
+        return False
+    stack = getattr(_context, "module_stack", None)
+    return bool(stack) and stack[-1] is not None
 
 
 def batch_inputs(sentences: Sequence[Sentence], config: ElmoConfig, *,
@@ -281,6 +307,7 @@ def restore_params(model: nnx.Module, directory: str | os.PathLike) -> None:
     directory = os.path.abspath(os.fspath(directory))
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"no checkpoint folder at {directory}")
+    drop_closed_loop_echoes()  # a refused restore's late echoes (see elmo_jax.storage_echoes)
     target = nnx.state(model, nnx.Param)
     abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(np.shape(a), jnp.result_type(a)), target)
     with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:

@@ -187,7 +187,21 @@ def load_weights(path: str | os.PathLike, config: ElmoConfig) -> dict:
         except OSError as e:  # the header opened, a dataset did not read: the file is damaged
             raise WeightFileError(f"{path} is a damaged HDF5 file ({e}); copy or download the weight "
                                   f"file again") from None
+    check_finite_weights(datasets, path)
     return datasets_to_params(datasets, config)
+
+
+def check_finite_weights(datasets: dict[str, np.ndarray], source: str) -> None:
+    """Refuse weights holding NaN or infinity (a diverged run's, or a damaged copy): they
+    embed every sentence to NaN.  ``datasets``: name -> array; ``source`` names where they
+    were read."""
+    for name, array in datasets.items():
+        bad = array.size - int(np.count_nonzero(np.isfinite(array)))
+        if bad:
+            raise WeightFileError(
+                f"{source}: weight {name!r} holds {bad} NaN or infinite value(s) of {array.size}; every "
+                f"vector it gives would be NaN. Use weights from before the damage (an earlier checkpoint "
+                f"exported with `elmo-jax export --step`, or a fresh copy of the file)")
 
 
 _LAYOUT_PREFIXES = ("char_embed", "CNN/", "CNN_high_", "CNN_proj/", "RNN_")

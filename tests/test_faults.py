@@ -276,6 +276,112 @@ def test_export_and_eval_name_a_damaged_checkpoint_as_damaged(reference_run, tmp
     assert main(["export", str(work), str(tmp_path / "out"), "--step", "3"]) == 0
 
 
+def test_export_of_a_damaged_checkpoint_prints_its_one_line_and_nothing_else(reference_run, tmp_path):
+    """#37: no orbax warnings about the damage probe, no "Event loop is closed" echoes of the
+    failed reads (tensorstore's reads that finish after orbax closed its loop) around the line."""
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
+    _truncate_data_files(work / "checkpoints" / "6", keep=0.5)
+    out = subprocess.run([sys.executable, "-m", "elmo_jax.cli", "export", str(work), str(tmp_path / "out")],
+                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    assert out.returncode == 2
+    assert len(out.stderr.splitlines()) == 1 and "checkpoints/6 is damaged" in out.stderr, out.stderr
+
+
+def test_a_step_that_does_not_exist_is_named_missing_with_the_steps_there(reference_run, tmp_path, capsys):
+    """#37: `--step 5` where only 3 and 6 exist: not "damaged", the steps to pick from."""
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
+    for argv in (["export", str(work), str(tmp_path / "out"), "--step", "5"],
+                 ["eval", str(work), "--data", cfg.data, "--step", "5"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "there is no checkpoint of step 5" in err and "the steps there are 3, 6" in err, err
+        assert "damaged" not in err and len(err.splitlines()) == 1
+
+
+def test_a_cut_vocabulary_is_named_not_blamed_on_the_layout(reference_run, tmp_path, capsys):
+    """#37: a vocab.txt cut after training: the file and the fix, not orbax's shapes and strict=False."""
+    from elmo_jax.train.checkpoints import CheckpointError
+    from elmo_jax.train.loop import train
+
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
+    vocab = work / "vocab.txt"
+    words = vocab.read_text(encoding="utf-8").splitlines(keepends=True)
+    vocab.write_text("".join(words[: len(words) // 2]), encoding="utf-8")
+    assert main(["export", str(work), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{vocab} holds {len(words) // 2} words but checkpoint" in err and f"trained with {len(words)}" in err
+    assert "strict" not in err and "layout" not in err
+    with pytest.raises(CheckpointError, match=r"vocab\.txt holds \d+ words but checkpoint .* was trained with"):
+        train(cfg.replace(max_steps=9), str(work), progress=False, log=lambda msg: None)
+    assert (work / "checkpoints" / "6").is_dir()  # not taken for damage: nothing moved aside
+
+
+def test_a_checkpoint_holding_nan_is_refused_by_export_naming_the_weight(reference_run, tmp_path, capsys):
+    """#37: NaN weights embedded to NaN without a word; export names the weight and the way out."""
+    import jax
+    import orbax.checkpoint as ocp
+
+    from elmo_jax.train.checkpoints import Checkpoints
+
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
+    ckpts = Checkpoints(work)
+    try:
+        state_dir = ckpts.path(6) + "/state"
+        with ocp.StandardCheckpointer() as reader:  # the arrays with their recorded shapes
+            tree = reader.metadata(state_dir)
+            tree = getattr(tree, "item_metadata", tree)
+            state = reader.restore(state_dir, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree,
+                                                           is_leaf=lambda x: hasattr(x, "shape")))
+        state = jax.tree.map(np.array, state)
+        state[0]["params"]["bilm"]["lstm"][0]["b"][0, 1] = np.nan
+        ckpts.save(7, state, {**ckpts.read_meta(6), "step": 7})
+    finally:
+        ckpts.close()
+    assert main(["export", str(work), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"checkpoint {work / 'checkpoints' / '7'}: weight 'RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/B' holds 1 NaN" in err
+    assert not (tmp_path / "out").exists()
+
+
+def _read_only(folder):
+    """Make ``folder`` read-only for this process (a read-only bind mount for root, whom
+    permissions do not stop); returns the undo, or None where neither is possible."""
+    if os.geteuid() != 0:
+        os.chmod(folder, 0o555)
+        return lambda: os.chmod(folder, 0o755)
+    for args in (["mount", "--bind", str(folder), str(folder)], ["mount", "-o", "remount,ro,bind", str(folder)]):
+        if subprocess.run(args, capture_output=True).returncode != 0:
+            subprocess.run(["umount", str(folder)], capture_output=True)
+            return None
+    return lambda: subprocess.run(["umount", str(folder)], capture_output=True)
+
+
+def test_eval_of_a_read_only_workdir_needs_no_write_there(reference_run, tmp_path, capsys):
+    """#37: `eval RUN --data X` prepared X in RUN/tfds and failed with a raw [Errno 30] on a
+    read-only RUN: it prepares X in a temporary folder instead and says so; a read-only
+    --data-dir is one line naming it."""
+    import json
+
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
+    config = json.loads((work / "config.json").read_text())
+    (work / "config.json").write_text(json.dumps({**config, "data_dir": None}))  # text beside the run
+    heldout = _text(tmp_path / "heldout.txt")
+    undo = _read_only(work)
+    if undo is None:
+        pytest.skip("cannot make a folder read-only here")
+    try:
+        assert main(["eval", str(work), "--data", str(heldout)]) == 0
+        captured = capsys.readouterr()
+        assert "perplexity" in captured.out
+        assert f"{work / 'tfds'} cannot be written" in captured.err and "temporary folder" in captured.err
+        assert main(["eval", str(work), "--data", str(heldout), "--data-dir", str(work / "tfds")]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and f"--data-dir {work / 'tfds'} cannot be written" in err, err
+    finally:
+        undo()
+    assert not (work / "tfds").exists()
+
+
 def _fill_disk(monkeypatch):
     """orbax's writer fails as a full disk makes it fail: a half-written temporary folder,
     then an error wrapping ENOSPC."""

@@ -38,6 +38,7 @@ Use :func:`make_source` to pick one from a spec string.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import glob as globlib
 import hashlib
@@ -50,7 +51,7 @@ from typing import Protocol, runtime_checkable
 
 import tensorflow_datasets as tfds
 
-from elmo_jax.errors import ElmoError
+from elmo_jax.errors import ElmoError, is_disk_full
 from elmo_jax.atomic import held_lock, owned_temp_dir, write_json
 from elmo_jax.chars import tokenize
 from elmo_jax.data.example_proto import example_text
@@ -398,12 +399,14 @@ def _prepare(builder: ElmoLocalText, config: LocalTextConfig, data_dir: str, fil
              marker: str) -> tuple[ElmoLocalText, dict]:
     """Prepare ``files`` (see :func:`prepare_local_text`; the caller holds the lock)."""
     if workers > 0 and not os.path.isdir(builder.data_dir):
-        worker_cpu_s = _prepare_in_parallel(builder, files, workers)
+        with _disk_full_named(files, data_dir):
+            worker_cpu_s = _prepare_in_parallel(builder, files, workers)
         builder = ElmoLocalText(config=config, data_dir=data_dir, file_format="array_record")
         with open(marker, encoding="utf-8") as f:
             info = json.load(f)
         return builder, {**info, "prepared_now": True, "worker_cpu_s": worker_cpu_s}
-    builder.download_and_prepare()
+    with _disk_full_named(files, data_dir):
+        builder.download_and_prepare()
     stats = getattr(builder, "elmo_stats", None)
     if stats is None:  # prepared earlier by a run that died before writing its marker
         src = _TfdsTextSource(builder.as_data_source(split="train"), config.name)
@@ -422,6 +425,31 @@ def _remove_tfds_leftovers(parent: str) -> None:
         path = os.path.join(parent, name)
         if name.startswith("incomplete.") and not name.startswith(_OWNED_PREFIX) and os.path.isdir(path):
             shutil.rmtree(path, ignore_errors=True)
+
+
+class DataDiskFullError(ElmoError, OSError):
+    """No space left to prepare the text; nothing half-written was kept."""
+
+
+@contextlib.contextmanager
+def _disk_full_named(files: Sequence[str], data_dir: str) -> Iterator[None]:
+    """A full disk while preparing (however the writer or a worker words it) -> one line
+    with the space needed (about the text's size) and what is free."""
+    try:
+        yield
+    except Exception as e:
+        if not is_disk_full(e):
+            raise
+        needed = sum(os.path.getsize(p) for p in files if os.path.exists(p))
+        try:
+            free = f"{shutil.disk_usage(data_dir).free / 2**20:.1f} MiB are free"
+        except OSError:
+            free = "the free space could not be read"
+        raise DataDiskFullError(
+            f"disk full: the text ({', '.join(files)}) could not be prepared in {data_dir} (its prepared "
+            f"copy needs about {needed / 2**20:.1f} MiB, {free}); nothing half-written was kept. Free "
+            f"some space or set data_dir (--config.data_dir) to a disk with room, and run the same "
+            f"command again") from None
 
 
 def _write_marker(marker: str, info: dict) -> None:

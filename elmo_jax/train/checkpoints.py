@@ -41,7 +41,8 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from elmo_jax.errors import ElmoError
+from elmo_jax.errors import ElmoError, exception_chain as _chain, is_disk_full
+from elmo_jax.storage_echoes import drop_closed_loop_echoes
 
 
 DAMAGED_FOLDER = "checkpoints-damaged"
@@ -63,26 +64,6 @@ class DamagedCheckpointError(CheckpointError):
 
 class DiskFullError(CheckpointError):
     """No space left for a checkpoint; the previous checkpoints are intact."""
-
-
-def _chain(e: BaseException) -> list[BaseException]:
-    out, seen = [], set()
-    while e is not None and id(e) not in seen:
-        seen.add(id(e))
-        out.append(e)
-        e = e.__cause__ or e.__context__
-    return out
-
-
-def is_disk_full(e: BaseException) -> bool:
-    """True when ``e`` (or an exception it was raised from) says the disk or quota is full."""
-    for x in _chain(e):
-        if isinstance(x, OSError) and x.errno in (errno.ENOSPC, errno.EDQUOT):
-            return True
-        text = str(x)
-        if "No space left on device" in text or "Disk quota exceeded" in text:
-            return True
-    return False
 
 
 def _is_access_failure(e: BaseException) -> bool:
@@ -148,14 +129,32 @@ class Checkpoints:
         """``create=False`` for readers (eval, export): a missing folder is not made."""
         self.workdir = os.path.abspath(os.fspath(workdir))
         self.directory = os.path.join(self.workdir, "checkpoints")
-        self._manager = ocp.CheckpointManager(
-            self.directory,
-            # The writer (create=True, under the workdir lock) removes what a killed save left.
-            options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create, cleanup_tmp_directories=create),
-        )
+        if os.path.lexists(self.directory) and not os.path.isdir(self.directory):
+            raise CheckpointError(
+                f"{self.directory} is a file, not the folder of checkpoints; move it out of the way "
+                f"(e.g. rename it) and run the same command again")
+        drop_closed_loop_echoes()  # a failed read's late echoes (see elmo_jax.storage_echoes)
         self._logs = _HeldLogs()
         for name in _STORAGE_LOGGERS:
             logging.getLogger(name).addFilter(self._logs)
+        self._logs.holding = True
+        try:
+            self._manager = ocp.CheckpointManager(
+                self.directory,
+                # The writer (create=True, under the workdir lock) removes what a killed save left.
+                options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
+                                                     cleanup_tmp_directories=create),
+            )
+            # orbax removes those in a background thread and waits for it only at the first
+            # save; a start that fails before (and tidies the workdir away under that thread)
+            # ended in the thread's logged traceback.  It is a listing and a few rmtrees: wait.
+            getattr(self._manager, "_maybe_await_cleanup_tmp_directory", lambda: None)()
+        except Exception:
+            self._logs.release(emit=False)  # the thread's log of the error raised here
+            for name in _STORAGE_LOGGERS:
+                logging.getLogger(name).removeFilter(self._logs)
+            raise
+        self._logs.release(emit=True)
         self._state_bytes = 0
 
     def latest_step(self) -> int | None:
@@ -241,6 +240,10 @@ class Checkpoints:
         """Why ``step`` cannot be read back with its own recorded shapes; None if it can (a
         failed restore is then a layout mismatch, not damage)."""
         state_dir = os.path.join(self.path(step), "state")
+        # The probe reads one item of a composite checkpoint on its own, so orbax warns that the
+        # item has no checkpoint-level metadata file; that (and its log of a failed read, which
+        # the answer says) is about the probe, not for the user: held and dropped.
+        self._logs.holding = True
         try:
             with ocp.StandardCheckpointer() as reader:
                 recorded = reader.metadata(state_dir)
@@ -251,6 +254,8 @@ class Checkpoints:
             if _is_access_failure(e):
                 raise
             return f"its arrays cannot be read: {_reason(e)}"
+        finally:
+            self._logs.release(emit=False)
         return None
 
     def move_aside(self, step: int) -> str:
@@ -335,4 +340,21 @@ class Checkpoints:
             step = self.latest_step()
         if step is None:
             raise CheckpointError(f"no checkpoint in {self.directory}")
+        steps = self.all_steps()
+        if step not in steps:  # not written (or moved aside): not "damaged"
+            there = (f"the steps there are {', '.join(map(str, sorted(steps)))}: pick one with --step"
+                     if steps else "there is none")
+            raise CheckpointError(f"there is no checkpoint of step {step} in {self.directory}; {there}")
         return step
+
+
+def check_vocabulary_size(meta: dict, n_words: int, checkpoint: str, vocab_path: str) -> None:
+    """Refuse a vocabulary file whose size differs from the one the checkpoint was trained
+    with (``meta["vocab_size"]``): the file was cut or replaced, and its softmax rows would
+    not fit (orbax's own error about the shapes blames the model layout)."""
+    recorded = meta.get("vocab_size")
+    if recorded is not None and int(recorded) != int(n_words):
+        raise CheckpointError(
+            f"{vocab_path} holds {n_words} words but checkpoint {checkpoint} was trained with {recorded}: "
+            f"the vocabulary file was cut or replaced after the run started. Put the run's own vocab.txt "
+            f"back (an export of this run holds a copy) and run the same command again")

@@ -30,12 +30,12 @@ from elmo_jax.config import ElmoConfig
 from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.embedder import OPTIONS_FILE, WEIGHTS_FILE
 from elmo_jax.errors import ElmoError
-from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError
+from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError, check_vocabulary_size
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.step import init_train_state, make_optimizer
 from elmo_jax.train.workdir import check_run_inputs
 from elmo_jax.model.lstm import zero_state
-from elmo_jax.weights import save_weights
+from elmo_jax.weights import check_finite_weights, params_to_datasets, save_weights
 
 SOFTMAX_FILE = "softmax.hdf5"
 VOCAB_FILE = "vocab.txt"
@@ -114,6 +114,7 @@ def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) 
         meta = ckpts.read_meta(step)
         step = int(meta["step"]) if step is None else step
         check_run_inputs(meta, ckpts.path(step), workdir, train_config.to_dict())  # vocab.txt, config.json
+        check_vocabulary_size(meta, len(vocab), ckpts.path(step), os.path.join(workdir, "vocab.txt"))
         optimizer = make_optimizer(train_config.optimizer, train_config.learning_rate, train_config.initial_accumulator, train_config.clip_norm)
         template = jax.eval_shape(
             lambda: (init_train_state(jax.random.key(0), model_config, len(vocab), optimizer),
@@ -129,6 +130,10 @@ def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) 
         raise DamagedCheckpointError(e.step, e.path, e.reason, hint) from None
     finally:
         ckpts.close()
+    params = train_state["params"]
+    check_finite_weights({**params_to_datasets(params["bilm"], model_config),
+                          **{f"softmax/{k}": np.asarray(v) for k, v in params["softmax"].items()}},
+                         f"checkpoint {ckpts.path(step)}")
     eval_max_batches = meta.get("config", {}).get("eval_max_batches", train_config.eval_max_batches)
     return LoadedCheckpoint(workdir, step, train_state["params"], model_config, train_config, vocab,
                             meta.get("heldout"), eval_max_batches)

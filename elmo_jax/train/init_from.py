@@ -43,6 +43,7 @@ from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.hub import resolve_model
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.workdir import TrainingError
+from elmo_jax.weights import check_finite_weights
 
 SOFTMAX_FILE = "softmax.hdf5"  # what elmo-jax export writes beside the model (train.export)
 VOCAB_FILE = "vocab.txt"
@@ -183,6 +184,7 @@ def _from_model_folder(folder: str) -> Pretrained:
     except (OSError, KeyError) as e:
         raise TrainingError(f"{softmax_path} is not a softmax written by elmo-jax export ({e}); remove it "
                             f"to start the softmax fresh") from None
+    check_finite_weights({f"softmax/{k}": v for k, v in softmax.items()}, softmax_path)
     want_w, want_b = (len(tokens), elmo.config.projection_dim), (len(tokens),)
     if softmax["w"].shape != want_w or softmax["b"].shape != want_b:
         raise TrainingError(f"{softmax_path} holds softmax/W {softmax['w'].shape} and softmax/b "

@@ -47,7 +47,7 @@ from elmo_jax.data.text_source import make_source
 from elmo_jax.data.workers import exit_if_starting_worker
 from elmo_jax.model.lstm import zero_state
 from elmo_jax.model.precision import compute_dtype
-from elmo_jax.train import distributed
+from elmo_jax.train import distributed, memory
 from elmo_jax.train.checkpoints import Checkpoints
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.evaluation import evaluate
@@ -111,6 +111,7 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     log(selection.message)
     optimizer = make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.initial_accumulator, cfg.clip_norm)
     dtype = compute_dtype(cfg.compute_dtype)
+    check_step_memory(cfg, model_config, len(vocab), optimizer, selection.sampled, global_batch // n_devices, dtype)
     runner = make_runner(cfg.parallel, dict(
         config=model_config, optimizer=optimizer, loss_fn=selection.fn, dropout_rate=cfg.dropout, dtype=dtype,
         remat_steps=cfg.remat_steps,
@@ -223,6 +224,17 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     log(f"final checkpoint: {ckpts.path(step)}")
     log(f"export it for embedding with:  elmo-jax export {workdir} OUT_DIR")
     return summary
+
+
+def check_step_memory(cfg: TrainConfig, model_config: ElmoConfig, vocab_size: int, optimizer, sampled: bool,
+                      rows_per_device: int, dtype) -> None:
+    """Refuse a step that cannot fit in the devices' memory, before anything is allocated
+    (:mod:`elmo_jax.train.memory`)."""
+    shapes = jax.eval_shape(lambda: init_train_state(jax.random.key(cfg.seed), model_config, vocab_size, optimizer))
+    estimate = memory.step_memory(shapes, model_config, rows_per_device, cfg.unroll_steps,
+                                  cfg.num_negatives + 1 if sampled else vocab_size,
+                                  itemsize=np.dtype(dtype).itemsize, remat=bool(cfg.remat_steps))
+    memory.check_fits(estimate, rows_per_device=rows_per_device, unroll_steps=cfg.unroll_steps)
 
 
 def make_batcher(data: RunData, cfg: TrainConfig, model_config: ElmoConfig, local_batch: int,

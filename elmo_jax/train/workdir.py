@@ -42,7 +42,7 @@ from elmo_jax.atomic import file_sha256, write_json
 from elmo_jax.config import ElmoConfig
 from elmo_jax.errors import ElmoError
 from elmo_jax.train import distributed
-from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError
+from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError, check_vocabulary_size
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.losses import divergence_limit
 from elmo_jax.train.parallel import local_replica, local_rows, rows_sharding, to_global_replicated, to_global_rows
@@ -274,6 +274,8 @@ def restore(ckpts: Checkpoints, step: int, train_state: Any, lstm_state: Any, *,
     """
     meta = ckpts.read_meta(step)
     check_topology(meta, ckpts.path(step), global_batch, n_devices, log)
+    check_vocabulary_size(meta, np.shape(train_state["params"]["softmax"]["b"])[0], ckpts.path(step),
+                          os.path.join(ckpts.workdir, "vocab.txt"))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     template = (
         jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), train_state),

@@ -1,0 +1,46 @@
+"""Silence one known echo of a failed orbax read: "Event loop is closed" from tensorstore.
+
+orbax runs a restore as one coroutine on a fresh asyncio loop that reads every array through
+tensorstore.  When one read fails (a damaged checkpoint, a template that does not fit), the
+coroutine raises at once and orbax closes its loop; the other reads are still running in
+tensorstore's threads, and each one, on completing, calls ``loop.call_soon_threadsafe`` on
+the closed loop from C++.  The resulting ``RuntimeError('Event loop is closed')`` has no
+Python caller, so it goes to :data:`sys.unraisablehook`, whose default prints a bare
+traceback: up to hundreds of them, around the one-line error the caller raises for the
+failed read, some seconds later or at exit.  Nothing is lost by dropping them (the read had
+already failed, and the failure was raised), and nothing can wait for those reads: they are
+not reachable from Python.
+
+:func:`drop_closed_loop_echoes` chains a hook in front of the current one that drops exactly
+that exception (type, message, raised by asyncio's ``call_soon_threadsafe`` called from
+native code) and passes everything else on unchanged.  It stays for the rest of the process
+(the echoes come late), and installing it twice is a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio.base_events
+import sys
+
+
+def is_closed_loop_echo(exc_type, exc_value, exc_traceback) -> bool:
+    """True for the ``RuntimeError('Event loop is closed')`` of a native callback: its
+    outermost frame is asyncio's ``call_soon_threadsafe`` (no Python code called it)."""
+    if exc_type is not RuntimeError or str(exc_value) != "Event loop is closed" or exc_traceback is None:
+        return False
+    code = exc_traceback.tb_frame.f_code
+    return code.co_name == "call_soon_threadsafe" and code.co_filename == asyncio.base_events.__file__
+
+
+def drop_closed_loop_echoes() -> None:
+    """Put the filter in front of :data:`sys.unraisablehook` (once per process)."""
+    if getattr(sys.unraisablehook, "_elmo_jax_drops_closed_loop_echoes", False):
+        return
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not is_closed_loop_echo(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback):
+            previous(unraisable)
+
+    hook._elmo_jax_drops_closed_loop_echoes = True
+    sys.unraisablehook = hook
