@@ -45,6 +45,7 @@ FILE_LAYERS = ("all", "top", "average")
 DATA_FILE = "data.hdf5"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "elmo-jax sharded embeddings"
+PROGRESS_THRESHOLD = 1000  # progress=None shows a bar above this many lines, as Elmo.embed does
 _FOREVER_S = 30 * 24 * 3600.0
 
 __all__ = ["embed_file", "read_sentences", "EmbedStopped", "FILE_LAYERS", "GROUP_LINES", "MAX_TOKENS"]
@@ -131,7 +132,8 @@ def embed_file(
 ) -> dict:
     """Embed every line of ``input_path`` with ``elmo`` into ``output_path`` (module docstring).
 
-    ``layout``: ``"allennlp"``, ``"packed"`` or ``"sentence_vectors"``.  ``process_index`` /
+    ``layout``: ``"allennlp"``, ``"packed"`` or ``"sentence_vectors"``.  ``progress``: a tqdm bar
+    (sentences/s, time left); ``None`` shows it above 1000 lines.  ``process_index`` /
     ``process_count`` default to jax's.  ``say``: where notices (resuming, skipping) go.
     Returns ``{"sentences", "tokens", "seconds", "devices", "hosts", "resumed_from", "output"}``
     (the counts are this run's work, not what an earlier run had done).
@@ -249,7 +251,7 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
                             f"file in a folder you can write to") from None
 
     bar = None
-    if progress:
+    if progress or (progress is None and shard["end_line"] - shard["first_line"] > PROGRESS_THRESHOLD):
         from tqdm.auto import tqdm
 
         desc = "embed" if shard["count"] == 1 else f"embed shard {shard['index']}"
