@@ -45,6 +45,7 @@ FILE_LAYERS = ("all", "top", "average")
 DATA_FILE = "data.hdf5"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "elmo-jax sharded embeddings"
+RESERVE_MARGIN = 2 << 20
 PROGRESS_THRESHOLD = 1000  # progress=None shows a bar above this many lines, as Elmo.embed does
 _FOREVER_S = 30 * 24 * 3600.0
 
@@ -266,6 +267,7 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
                 arrays = elmo.embed(texts, layers, batch_size=batch_size, progress=False)
             n_tokens = sum(len(t.split()) for t in texts)
             try:
+                embed_state.reserve_space(data, _group_bytes(arrays, texts))
                 with embed_layouts.open_h5(data, "r+") as f:
                     embed_layouts.append(f, lines_done, arrays, texts)
                 embed_state.fsync_path(data)
@@ -289,6 +291,9 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
         if bar is not None:
             bar.close()
     try:
+        if layout == "allennlp":  # sentence_to_index: about the input's bytes
+            embed_state.reserve_space(data, 2 * (scan.size if shard["count"] == 1 else
+                                                 scan.size // shard["count"] * 2) + RESERVE_MARGIN)
         with embed_layouts.open_h5(data, "r+") as f:
             embed_layouts.finish(f, _lines(scan, first_group, end_group))
         embed_state.fsync_path(data)
@@ -299,6 +304,13 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
     shutil.rmtree(state_dir, ignore_errors=True)
     result["total_sentences"], result["total_tokens"] = sentences, tokens
     return result
+
+
+def _group_bytes(arrays: list, texts: list[str]) -> int:
+    """Disk a group may take: its arrays twice over (a chunk is allocated whole), its text,
+    a few KiB of HDF5 objects per sentence, and a margin."""
+    return (2 * sum(a.nbytes for a in arrays) + sum(len(t.encode()) for t in texts) + 4096 * len(texts)
+            + RESERVE_MARGIN)
 
 
 def _lines(scan: InputScan, first_group: int, end_group: int):

@@ -44,6 +44,21 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
+def reserve_space(path: str, n_bytes: int) -> None:
+    """Allocate ``n_bytes`` of disk past the end of ``path`` before HDF5 writes there.
+
+    A disk that fills while HDF5 flushes its metadata leaves a file that no longer opens;
+    with the space reserved first, a full disk is an ``OSError`` (ENOSPC) here, before
+    anything is written, and the file stays as its last checkpoint left it.  HDF5 writes into
+    the reserved blocks and cuts the file back to its own end on closing.
+    """
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, os.fstat(fd).st_size, max(1, n_bytes))
+    finally:
+        os.close(fd)
+
+
 def read_progress(state_dir: str) -> dict | None:
     path = os.path.join(state_dir, PROGRESS_FILE)
     try:
