@@ -14,7 +14,8 @@ Resuming: the partial output lives in ``OUTPUT.partial/`` (``data.hdf5`` + ``pro
 :mod:`elmo_jax.embed_state`).  After each group the data is flushed and fsynced, then the
 progress is written atomically.  Run the same command after a kill -9, a SIGTERM (which stops
 at the next group's end), Ctrl-C or a full disk and it continues from the first line not
-counted, cutting off what was written after the last checkpoint; the result equals an
+counted, cutting off what was written after the last checkpoint (each group's disk space is
+reserved before HDF5 writes it, so a full disk fails before a write, never inside one); the result equals an
 uninterrupted run's, dataset by dataset, bit for bit (the same groups through the same
 compiled programs).  A changed input, model or output option is named and refused
 (``restart=True`` / ``--restart`` starts over).  Only the finished file is renamed to
