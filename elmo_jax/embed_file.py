@@ -14,7 +14,8 @@ Resuming: the partial output lives in ``OUTPUT.partial/`` (``data.hdf5`` + ``pro
 :mod:`elmo_jax.embed_state`).  After each group the data is flushed and fsynced, then the
 progress is written atomically.  Run the same command after a kill -9, a SIGTERM (which stops
 at the next group's end), Ctrl-C or a full disk and it continues from the first line not
-counted, cutting off what was written after the last checkpoint; the result equals an
+counted, cutting off what was written after the last checkpoint (each group's disk space is
+reserved before HDF5 writes it, so a full disk fails before a write, never inside one); the result equals an
 uninterrupted run's, dataset by dataset, bit for bit (the same groups through the same
 compiled programs).  A changed input, model or output option is named and refused
 (``restart=True`` / ``--restart`` starts over).  Only the finished file is renamed to
@@ -45,6 +46,8 @@ FILE_LAYERS = ("all", "top", "average")
 DATA_FILE = "data.hdf5"
 MANIFEST_FILE = "manifest.json"
 MANIFEST_FORMAT = "elmo-jax sharded embeddings"
+RESERVE_MARGIN = 2 << 20
+PROGRESS_THRESHOLD = 1000  # progress=None shows a bar above this many lines, as Elmo.embed does
 _FOREVER_S = 30 * 24 * 3600.0
 
 __all__ = ["embed_file", "read_sentences", "EmbedStopped", "FILE_LAYERS", "GROUP_LINES", "MAX_TOKENS"]
@@ -131,7 +134,8 @@ def embed_file(
 ) -> dict:
     """Embed every line of ``input_path`` with ``elmo`` into ``output_path`` (module docstring).
 
-    ``layout``: ``"allennlp"``, ``"packed"`` or ``"sentence_vectors"``.  ``process_index`` /
+    ``layout``: ``"allennlp"``, ``"packed"`` or ``"sentence_vectors"``.  ``progress``: a tqdm bar
+    (sentences/s, time left); ``None`` shows it above 1000 lines.  ``process_index`` /
     ``process_count`` default to jax's.  ``say``: where notices (resuming, skipping) go.
     Returns ``{"sentences", "tokens", "seconds", "devices", "hosts", "resumed_from", "output"}``
     (the counts are this run's work, not what an earlier run had done).
@@ -249,7 +253,7 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
                             f"file in a folder you can write to") from None
 
     bar = None
-    if progress:
+    if progress or (progress is None and shard["end_line"] - shard["first_line"] > PROGRESS_THRESHOLD):
         from tqdm.auto import tqdm
 
         desc = "embed" if shard["count"] == 1 else f"embed shard {shard['index']}"
@@ -264,6 +268,7 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
                 arrays = elmo.embed(texts, layers, batch_size=batch_size, progress=False)
             n_tokens = sum(len(t.split()) for t in texts)
             try:
+                embed_state.reserve_space(data, _group_bytes(arrays, texts))
                 with embed_layouts.open_h5(data, "r+") as f:
                     embed_layouts.append(f, lines_done, arrays, texts)
                 embed_state.fsync_path(data)
@@ -287,6 +292,9 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
         if bar is not None:
             bar.close()
     try:
+        if layout == "allennlp":  # sentence_to_index: about the input's bytes
+            embed_state.reserve_space(data, 2 * (scan.size if shard["count"] == 1 else
+                                                 scan.size // shard["count"] * 2) + RESERVE_MARGIN)
         with embed_layouts.open_h5(data, "r+") as f:
             embed_layouts.finish(f, _lines(scan, first_group, end_group))
         embed_state.fsync_path(data)
@@ -297,6 +305,13 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
     shutil.rmtree(state_dir, ignore_errors=True)
     result["total_sentences"], result["total_tokens"] = sentences, tokens
     return result
+
+
+def _group_bytes(arrays: list, texts: list[str]) -> int:
+    """Disk a group may take: its arrays twice over (a chunk is allocated whole), its text,
+    a few KiB of HDF5 objects per sentence, and a margin."""
+    return (2 * sum(a.nbytes for a in arrays) + sum(len(t.encode()) for t in texts) + 4096 * len(texts)
+            + RESERVE_MARGIN)
 
 
 def _lines(scan: InputScan, first_group: int, end_group: int):

@@ -11,6 +11,7 @@ counts has been flushed and fsynced, so it never counts data that is not on disk
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
@@ -40,6 +41,27 @@ def fsync_path(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def reserve_space(path: str, n_bytes: int) -> None:
+    """Allocate ``n_bytes`` of disk past the end of ``path`` before HDF5 writes there.
+
+    A disk that fills while HDF5 flushes its metadata leaves a file that no longer opens;
+    with the space reserved first, a full disk is an ``OSError`` (ENOSPC) here, before
+    anything is written, and the file stays as its last checkpoint left it.  HDF5 writes into
+    the reserved blocks and cuts the file back to its own end on closing.
+    """
+    if not hasattr(os, "posix_fallocate"):  # not on macOS: no reservation
+        return
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.posix_fallocate(fd, os.fstat(fd).st_size, max(1, n_bytes))
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        # A file system that cannot reserve (EOPNOTSUPP, EINVAL): write without a reservation.
     finally:
         os.close(fd)
 

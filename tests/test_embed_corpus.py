@@ -145,10 +145,12 @@ def test_sigterm_stops_at_a_group_end_and_the_run_continues(elmo, src, tmp_path,
         return original(*a)
 
     monkeypatch.setattr(embed_layouts, "append", terminated)
+    before = signal.getsignal(signal.SIGTERM)
     with pytest.raises(EmbedStopped, match="stopped by SIGTERM after line 32 of 96"):
         _embed(elmo, src, out)
     monkeypatch.setattr(embed_layouts, "append", original)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL or callable(signal.getsignal(signal.SIGTERM))
+    assert signal.getsignal(signal.SIGTERM) is before  # the run's handler is gone
+    assert not out.exists()
     assert _embed(elmo, src, out)["resumed_from"] == 32
     assert _contents(out) == _contents(reference["packed"])
 
@@ -366,3 +368,46 @@ def test_a_killed_process_resumes_its_own_shard(model_dir, src, tmp_path, refere
         assert len(sharded) == N_LINES
         for i in range(N_LINES):
             np.testing.assert_allclose(sharded[i], single[i], atol=1e-6, rtol=0)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs (needs root and mount; skipped elsewhere)."""
+    folder = tmp_path / "small"
+    folder.mkdir()
+    mount = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(folder)], capture_output=True)
+    if mount.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs here ({mount.stderr.decode().strip() or mount.returncode})")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", str(folder)], check=False)
+
+
+def test_a_real_full_disk_keeps_the_partial_output_and_resumes(elmo, src, reference, small_disk, monkeypatch):
+    out = small_disk / "out.hdf5"
+    filler = small_disk / "filler"
+    original, calls = embed_layouts.append, []
+
+    def fill_the_disk(*a):
+        calls.append(1)
+        if len(calls) == 3:  # another program takes every free byte while group 3 is written
+            with open(filler, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"x" * 65536)
+                        f.flush()
+                except OSError:
+                    pass
+        return original(*a)
+
+    monkeypatch.setattr(embed_layouts, "append", fill_the_disk)
+    with pytest.raises(Exception, match=r"No space left on device.*lines before 49 are kept"):
+        _embed(elmo, src, out, "allennlp")
+    assert not out.exists()
+    monkeypatch.setattr(embed_layouts, "append", original)
+    filler.unlink()  # space freed: the same command continues
+    assert _embed(elmo, src, out, "allennlp")["resumed_from"] == 48
+    assert _contents(out) == _contents(reference["allennlp"])
+    assert sorted(os.listdir(small_disk)) == ["out.hdf5"]
+    assert os.path.getsize(out) < 2 * os.path.getsize(reference["allennlp"])  # the reserved space is given back
