@@ -196,7 +196,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="embed a few sentences and print the shapes")
     demo.add_argument("sentences", nargs="*", help="sentences to embed (default: three examples)")
-    demo.add_argument("--model", help="a model folder (options.json + weights.hdf5)")
+    demo.add_argument("--model", help="a model folder (options.json + weights.hdf5), a training workdir, "
+                                      "or a released model's name")
     demo.add_argument("--preset", default="tiny", help="preset of the random model (default tiny)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
@@ -257,7 +258,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--top", dest="layers", action="store_const", const="top", help="the top layer")
     which.add_argument("--average", dest="layers", action="store_const", const="average",
                        help="the mean of the layers")
-    em.add_argument("--model", help="model folder (options.json + weights.hdf5), released model name "
+    em.add_argument("--model", help="model folder (options.json + weights.hdf5), a training workdir (its newest "
+                                    "checkpoint, exported once into the cache), released model name "
                                     "(small, medium, original, original-5.5b) or URL (see `elmo-jax download`)")
     em.add_argument("--preset", help="instead of --model: a RANDOM model of this preset, for trials")
     em.add_argument("--seed", type=int, default=0, help="seed of the --preset model")
