@@ -363,3 +363,23 @@ def test_synthetic_data_refuses_another_heldout_set_for_a_new_run(tmp_path):
     with pytest.raises(TrainingError, match="heldout cannot be set with it"):
         train(cfg, str(tmp_path / "run"), progress=False)
     assert not (tmp_path / "run" / "corpus").exists()  # refused before anything is written
+
+
+def test_progress_bar_starts_after_the_compiling_step():
+    """No ETA is computed from the first step, which compiles: the bar appears once it has run."""
+    import io
+
+    from elmo_jax.train.metrics import StepBar
+
+    out = io.StringIO()
+    bar = StepBar(2670, enabled=True, file=out)
+    assert out.getvalue() == "" and bar.bar is None  # compiling: no bar, no ETA
+    bar.update(1)
+    first = out.getvalue().replace("\r", "\n").strip().splitlines()[-1]
+    assert "1/2670" in first and "<?" in first, first  # no rate yet, so no ETA
+    bar.update(2)
+    assert bar.bar.n == 2
+    bar.close()
+    silent = StepBar(10, enabled=False, file=out)
+    silent.update(1)
+    assert silent.bar is None
