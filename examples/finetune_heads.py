@@ -2,7 +2,7 @@
 
     python examples/finetune_heads.py                 # pretrain a tiny ELMo briefly, then tag
     python examples/finetune_heads.py MODEL_DIR       # use an exported model instead
-    python examples/finetune_heads.py --quick         # seconds: for tests
+    python examples/finetune_heads.py --quick         # a first look: small everything, one learning rate
 
 Steps: (1) without MODEL_DIR, pretrain the ``tiny`` preset for a few hundred steps on the
 package's synthetic corpus and export it (``elmo-jax train`` + ``export`` in code);
@@ -101,7 +101,9 @@ def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("model_dir", nargs="?", help="a model folder, or a training workdir such as runs/tiny "
                                                  "(default: pretrain a tiny model first)")
-    ap.add_argument("--quick", action="store_true", help="tiny everything (seconds; for tests)")
+    ap.add_argument("--quick", action="store_true",
+                    help="small everything and one learning rate: a first look, and the tests (minutes on a "
+                         "2-core CPU, most of it compiling; the full run takes longer)")
     ap.add_argument("--workdir", help="where to pretrain and keep the corpus (default: a temp folder)")
     ap.add_argument("--steps", type=int, help="training steps (default 400; fewer with --quick)")
     ap.add_argument("--plots", default=os.path.join("runs", "finetune_heads"), metavar="DIR",
@@ -211,7 +213,8 @@ def run(args: argparse.Namespace, workdir: str) -> int:
     print(f"{'head':<15} {'rate':>6} {'train loss':>10} {'dev':>7} {'accuracy':>9}")
     mixes = {}
     for n, head in enumerate(heads):
-        dev_acc, rate, result = train_head(elmo, head, n, len(data.classes), splits["fit"], splits["dev"], steps)
+        dev_acc, rate, result = train_head(elmo, head, n, len(data.classes), splits["fit"], splits["dev"], steps,
+                                           rates=(1e-2,) if args.quick else LEARNING_RATES)
         acc = accuracy(result.params, *splits["test"], head)
         extra = ""
         if head.startswith("mix"):

@@ -153,7 +153,7 @@ def test_global_batch_must_divide_over_devices(tmp_path):
     import jax
 
     if jax.device_count() != 1:
-        pytest.skip("needs one device")
+        pytest.skip("needs a single device: run it without XLA_FLAGS=--xla_force_host_platform_device_count")
     from elmo_jax.config import ConfigError
 
     cfg = _cfg(tmp_path)
