@@ -121,3 +121,16 @@ def test_cli_plot_and_missing_matplotlib(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(plots, "have_matplotlib", lambda: False)
     assert main(["plot", str(run)]) == 2
     assert "pip install -e '.[plot]'" in capsys.readouterr().err
+
+
+def test_domain_adaptation_example_draws_its_curves(tmp_path, capsys):
+    import importlib.util
+
+    from tests.conftest import REPO
+
+    spec = importlib.util.spec_from_file_location("domain_adaptation", REPO / "examples" / "domain_adaptation.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.picture(str(tmp_path), {0: 49.7, 50: 33.8, 100: 31.6}, {50: 265.4, 100: 174.8, 150: 102.3}, 20.9)
+    assert f"wrote {tmp_path / 'domain_adaptation.png'}" in capsys.readouterr().out
+    assert _png_shape(tmp_path / "domain_adaptation.png")[:2] == (462, 770)
