@@ -29,6 +29,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -130,9 +131,16 @@ def run_block(block: Block, clone: str, env: dict[str, str], quick: bool) -> tup
         python = os.path.join(venv, "bin", "python") if os.path.exists(venv) else sys.executable
         command = [python, "-c", block.code]
     start = time.perf_counter()
-    proc = subprocess.run(command, cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          text=True, errors="replace", timeout=BLOCK_TIMEOUT_S)
-    return proc.returncode, proc.stdout, time.perf_counter() - start
+    # Its own process group, so that a block cut off by the timeout leaves nothing running.
+    proc = subprocess.Popen(command, cwd=clone, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, errors="replace", start_new_session=True)
+    try:
+        output, _ = proc.communicate(timeout=BLOCK_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise
+    return proc.returncode, output, time.perf_counter() - start
 
 
 def main(argv: list[str] | None = None) -> int:

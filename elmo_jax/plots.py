@@ -9,7 +9,8 @@ an earlier picture as it was).
   reference lines (held-out perplexity with the generator's optimum; scratch against
   ``init_from``);
 * :func:`sense_projection_png`: the occurrences of one ambiguous word, each layer's vectors
-  projected to 2-D by :func:`pca_2d`, coloured by sense, one panel per layer;
+  projected to 2-D (:func:`fisher_2d`: a sense direction fitted on other occurrences, and
+  :func:`pca_2d` of the rest), coloured by sense, one panel per layer;
 * :func:`layer_weights_png`: a ScalarMix's normalised layer weights, one group per mix.
 
 :mod:`elmo_jax.run_plots` reads a run's files and calls these.
@@ -115,31 +116,58 @@ def pca_2d(x_ND: np.ndarray) -> np.ndarray:
     return out
 
 
-def sense_projection_png(layers: Mapping[str, np.ndarray], senses: Sequence[str], path: str | os.PathLike, *,
-                         word: str, title: str = "") -> str:
-    """One panel per layer: ``layers[name]`` (``[N, D]``, the word's N occurrences)
-    projected by :func:`pca_2d`, each point coloured by ``senses[i]``; returns ``path``."""
-    if not layers:
+def fisher_2d(x_fit_ND: np.ndarray, senses_fit: Sequence[str], x_ND: np.ndarray, shrink: float = 0.01) -> np.ndarray:
+    """``x_ND`` in 2-D: along the discriminant direction between the two most frequent senses
+    of ``senses_fit``, fitted on ``x_fit_ND`` only (Fisher's, with the within-sense covariance
+    shrunk by ``shrink`` of its mean variance), and along the first principal axis of what
+    remains of ``x_ND``.  Fitting on other occurrences than those drawn keeps the picture
+    honest: a direction fitted on the drawn points would separate them even for random vectors."""
+    x_fit = np.asarray(x_fit_ND, np.float64)
+    x = np.asarray(x_ND, np.float64)
+    labels = np.asarray(senses_fit)
+    names, counts = np.unique(labels, return_counts=True)
+    if len(names) < 2:
+        raise ValueError(f"fisher_2d needs occurrences of two senses to fit on, got {list(names)}")
+    a, b = names[np.argsort(-counts)[:2]]
+    mean_a, mean_b = x_fit[labels == a].mean(axis=0), x_fit[labels == b].mean(axis=0)
+    pairs = np.isin(labels, (a, b))
+    centred = x_fit[pairs] - np.where((labels[pairs] == a)[:, None], mean_a, mean_b)
+    within = centred.T @ centred / max(len(centred), 1)
+    ridge = shrink * np.trace(within) / len(within) + 1e-9
+    w = np.linalg.solve(within + ridge * np.eye(len(within)), mean_a - mean_b)
+    w /= max(np.linalg.norm(w), 1e-12)
+    along = (x - (mean_a + mean_b) / 2) @ w
+    rest = x - along[:, None] * w[None, :]
+    return np.stack([along, pca_2d(rest)[:, 0] if len(x) >= 2 else np.zeros(len(x))], axis=1)
+
+
+def sense_projection_png(points: Mapping[str, np.ndarray], senses: Sequence[str], path: str | os.PathLike, *,
+                         word: str, title: str = "", xlabel: str = "", ylabel: str = "") -> str:
+    """One panel per layer: ``points[name]`` (``[N, 2]``, the word's N occurrences, e.g. from
+    :func:`fisher_2d` or :func:`pca_2d`), each point coloured by ``senses[i]``; returns ``path``."""
+    if not points:
         raise ElmoError(f"nothing to draw for {path}: no layers")
     n = len(senses)
-    for name, x in layers.items():
-        if len(x) != n:
-            raise ValueError(f"layer {name!r} has {len(x)} rows for {n} senses")
+    for name, xy in points.items():
+        if np.shape(xy) != (n, 2):
+            raise ValueError(f"layer {name!r} has points of shape {np.shape(xy)} for {n} senses (want [{n}, 2])")
     names = sorted(set(senses))
-    fig = _figure(3.6 * len(layers), 3.9)
-    axes = fig.subplots(1, len(layers), squeeze=False)[0]
+    fig = _figure(3.6 * len(points), 3.9)
+    axes = fig.subplots(1, len(points), squeeze=False)[0]
     colours = ("tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
     sense_arr = np.asarray(senses)
-    for ax, (name, x) in zip(axes, layers.items()):
-        xy = pca_2d(x)
+    for ax, (name, xy) in zip(axes, points.items()):
+        xy = np.asarray(xy)
         for sense, colour in zip(names, colours):
             pick = sense_arr == sense
             ax.scatter(xy[pick, 0], xy[pick, 1], s=12, alpha=0.7, color=colour, label=sense)
         ax.set_title(name, fontsize=10)
         ax.set_xticks([])
         ax.set_yticks([])
+        ax.set_xlabel(xlabel, fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
     axes[0].legend(title=f"sense of '{word}'", fontsize=8, title_fontsize=8, loc="best")
-    fig.suptitle(title or f"'{word}': {n} occurrences, 2-D PCA of each layer's vectors", fontsize=11)
+    fig.suptitle(title or f"'{word}': {n} occurrences per layer", fontsize=11)
     return _save(fig, path)
 
 
@@ -166,5 +194,5 @@ def layer_weights_png(weights: Mapping[str, Sequence[float]], path: str | os.Pat
     return _save(fig, path)
 
 
-__all__ = ["INSTALL_HINT", "PlottingUnavailable", "curves_png", "have_matplotlib", "layer_weights_png", "pca_2d",
+__all__ = ["INSTALL_HINT", "PlottingUnavailable", "curves_png", "fisher_2d", "have_matplotlib", "layer_weights_png", "pca_2d",
            "require_matplotlib", "sense_projection_png"]

@@ -75,29 +75,56 @@ def plot_perplexity(workdir: str, metrics: dict[str, dict[int, dict]], reference
                       styles={"held-out": "o-", "training batches (dropout on)": "-"})
 
 
-def plot_word_senses(workdir: str, corpus_dir: str, params: dict, model_config, max_sentences: int = 2000) -> str:
-    """The held-out occurrences of the most frequent ambiguous word, per layer."""
+def _occurrences(corpus_dir: str, split: str, word: str | None, max_sentences: int):
+    """``(word, sentences, rows)``: the ambiguous ``word`` (None: the most frequent one of the
+    first ``max_sentences`` of ``split``) and its labelled occurrences ``(sentence, position,
+    sense)`` there."""
     from elmo_jax.data.synthetic import NO_SENSE, load_corpus
-    from elmo_jax.embedder import Elmo
 
-    sentences, labels = load_corpus(corpus_dir, "heldout")
+    sentences, labels = load_corpus(corpus_dir, split)
     sentences, labels = sentences[:max_sentences], labels[:max_sentences]
-    counts = Counter(tok for s, lab in zip(sentences, labels) for tok, sense in zip(s, lab["senses"])
-                     if sense != NO_SENSE)
-    if not counts:
-        raise ElmoError(f"{corpus_dir}: no ambiguous word in the held-out text")
-    word = counts.most_common(1)[0][0]
-    rows = [(i, j, lab["senses"][j]) for i, (s, lab) in enumerate(zip(sentences, labels))
+    if word is None:
+        counts = Counter(tok for s, lab in zip(sentences, labels) for tok, sense in zip(s, lab["senses"])
+                         if sense != NO_SENSE)
+        if not counts:
+            raise ElmoError(f"{corpus_dir}: no ambiguous word in the {split} text")
+        word = counts.most_common(1)[0][0]
+    rows = [(i, j, lab["senses"][j].split("#", 1)[-1]) for i, (s, lab) in enumerate(zip(sentences, labels))
             for j, tok in enumerate(s) if tok == word and lab["senses"][j] != NO_SENSE]
+    return word, sentences, rows
+
+
+def _layer_vectors(elmo, sentences, rows) -> np.ndarray:
+    """``[L+1, N, 2P]``: every layer's vector of each occurrence ``(sentence, position, _)``."""
     picked = sorted({i for i, _, _ in rows})
     index = {i: k for k, i in enumerate(picked)}
-    vectors = Elmo(model_config, params).embed([sentences[i] for i in picked], progress=False)  # [L+1, n, 2P] each
-    n_layers = vectors[0].shape[0]
-    layers = {("layer 0 (char CNN)" if layer == 0 else f"layer {layer}"):
-              np.stack([vectors[index[i]][layer, j] for i, j, _ in rows]) for layer in range(n_layers)}
-    senses = [sense.split("#", 1)[-1] for _, _, sense in rows]
-    return sense_projection_png(layers, senses, os.path.join(workdir, SENSES_PNG), word=word,
-                                title=f"'{word}' in {len(rows)} held-out sentences: 2-D PCA of each layer's vectors")
+    vectors = elmo.embed([sentences[i] for i in picked], progress=False)  # [L+1, n, 2P] each
+    return np.stack([vectors[index[i]][:, j] for i, j, _ in rows], axis=1)
+
+
+def plot_word_senses(workdir: str, corpus_dir: str, params: dict, model_config, max_sentences: int = 2000,
+                     max_fit: int = 300) -> str:
+    """The held-out occurrences of the most frequent ambiguous word, per layer, along a sense
+    direction fitted on up to ``max_fit`` of its training occurrences (:func:`elmo_jax.plots.fisher_2d`)."""
+    from elmo_jax.embedder import Elmo
+    from elmo_jax.plots import fisher_2d
+
+    word, heldout, rows = _occurrences(corpus_dir, "heldout", None, max_sentences)
+    _, train, fit_rows = _occurrences(corpus_dir, "train", word, 20 * max_fit)
+    fit_rows = fit_rows[:max_fit]
+    if len({sense for *_, sense in fit_rows}) < 2:
+        raise ElmoError(f"{corpus_dir}: the training text lacks occurrences of both senses of {word!r}")
+    elmo = Elmo(model_config, params)
+    x, x_fit = _layer_vectors(elmo, heldout, rows), _layer_vectors(elmo, train, fit_rows)
+    fit_senses = [sense for *_, sense in fit_rows]
+    points = {("layer 0 (char CNN)" if layer == 0 else f"layer {layer}"): fisher_2d(x_fit[layer], fit_senses, x[layer])
+              for layer in range(len(x))}
+    senses = [sense for *_, sense in rows]
+    return sense_projection_png(
+        points, senses, os.path.join(workdir, SENSES_PNG), word=word,
+        title=f"'{word}' in {len(rows)} held-out sentences, per layer",
+        xlabel=f"sense direction (fitted on {len(fit_rows)} training occurrences)",
+        ylabel="first principal axis of the rest")
 
 
 def plot_run(workdir: str | os.PathLike, *, params: dict | None = None, model_config=None,

@@ -69,16 +69,34 @@ def test_plot_run_draws_perplexity_from_metrics(tmp_path):
         plot_run(tmp_path)
 
 
+def test_fisher_2d_finds_a_low_variance_sense_direction_pca_misses():
+    rng = np.random.default_rng(2)
+
+    def draw(n):
+        senses = np.array(["money", "river"] * (n // 2))
+        x = rng.normal(size=(n, 6)) * np.array([20.0, 20.0, 1.0, 1.0, 1.0, 1.0])  # loud, senseless axes
+        x[:, 4] += np.where(senses == "money", 2.0, -2.0)  # the sense, on a quiet axis
+        return x, senses
+
+    x_fit, s_fit = draw(200)
+    x, senses = draw(100)
+    xy = plots.fisher_2d(x_fit, list(s_fit), x)
+    assert xy.shape == (100, 2)
+    assert np.mean((xy[:, 0] > 0) == (senses == "money")) > 0.95  # the first axis separates the senses
+    pca = plots.pca_2d(x)
+    assert max(abs(np.corrcoef(pca[:, k], senses == "money")[0, 1]) for k in range(2)) < 0.5  # PCA does not
+    with pytest.raises(ValueError, match="two senses"):
+        plots.fisher_2d(x_fit, ["money"] * 200, x)
+
+
 def test_sense_projection_and_layer_weights(tmp_path):
     rng = np.random.default_rng(1)
     senses = ["money"] * 30 + ["river"] * 30
-    shift = np.where(np.array(senses) == "money", 4.0, -4.0)[:, None]
-    layers = {"layer 0 (char CNN)": np.repeat(rng.normal(size=(1, 8)), 60, axis=0) + 0.01 * rng.normal(size=(60, 8)),
-              "layer 1": rng.normal(size=(60, 8)) + shift}
-    path = plots.sense_projection_png(layers, senses, tmp_path / "senses.png", word="bank")
+    points = {"layer 0 (char CNN)": np.zeros((60, 2)), "layer 1": rng.normal(size=(60, 2))}
+    path = plots.sense_projection_png(points, senses, tmp_path / "senses.png", word="bank")
     assert _png_shape(path)[:2] == (429, 792)  # 2 panels of 3.6 x 3.9 inches
-    with pytest.raises(ValueError, match="59 rows for 60 senses"):
-        plots.sense_projection_png({"x": np.zeros((59, 3))}, senses, tmp_path / "bad.png", word="bank")
+    with pytest.raises(ValueError, match=r"shape \(59, 2\) for 60 senses"):
+        plots.sense_projection_png({"x": np.zeros((59, 2))}, senses, tmp_path / "bad.png", word="bank")
     assert not (tmp_path / "bad.png").exists()
     path = plots.layer_weights_png({"ScalarMix": [0.2, 0.5, 0.3]}, tmp_path / "mix.png")
     assert _png_shape(path)[0] == 396
@@ -104,8 +122,9 @@ def test_word_senses_of_a_synthetic_run(tmp_path):
         labels.append({"classes": ["X"] * len(words),
                        "senses": [f"{word}#{sense or 'animal'}" if w == word else "-" for w in words]})
         lines.append(text)
-    (corpus / "heldout.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    (corpus / "heldout.labels.jsonl").write_text("\n".join(json.dumps(lab) for lab in labels) + "\n")
+    for split in ("heldout", "train"):  # (the sense direction is fitted on the training occurrences)
+        (corpus / f"{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (corpus / f"{split}.labels.jsonl").write_text("\n".join(json.dumps(lab) for lab in labels) + "\n")
     config = ElmoConfig.preset("tiny").replace(dim=16, projection_dim=8, embedding_dim=4,
                                                filters=[[1, 8], [2, 8]], n_highway=1)
     path = plot_word_senses(str(tmp_path), str(corpus), init_params(jax.random.key(0), config), config)
