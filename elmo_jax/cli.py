@@ -89,6 +89,38 @@ def _train_run(args: argparse.Namespace, cfg) -> int:
                                summary.get("eval"), vocab=summary["vocab"].tokens,
                                progress=False if args.no_progress else None,
                                **probe_sizes(summary["step"] * summary["global_batch"])))
+    if _is_main():
+        _run_pictures(workdir, summary)
+    return 0
+
+
+def _run_pictures(workdir: str, summary: dict) -> None:
+    """The finished run's pictures (elmo_jax.run_plots) when matplotlib is installed, else
+    one line saying how to get them; a picture that cannot be drawn never fails the run."""
+    from elmo_jax.plots import INSTALL_HINT, have_matplotlib
+
+    if not have_matplotlib():
+        print(f"pictures of this run: {INSTALL_HINT}, then  elmo-jax plot {workdir}")
+        return
+    from elmo_jax.run_plots import plot_run
+
+    try:
+        written = plot_run(workdir, params=summary["params"]["bilm"], model_config=summary["model_config"],
+                           vocab_tokens=summary["vocab"].tokens)
+    except (USER_ERRORS, OSError) as e:
+        print(f"no pictures of this run: {e}")
+        return
+    print("pictures of this run: " + ", ".join(written))
+
+
+def _plot(args: argparse.Namespace) -> int:
+    """Draw a run's pictures from its metrics.jsonl and newest checkpoint (elmo_jax.run_plots)."""
+    from elmo_jax.plots import require_matplotlib
+    from elmo_jax.run_plots import plot_run
+
+    require_matplotlib()
+    for path in plot_run(args.workdir):
+        print(f"wrote {path}")
     return 0
 
 
@@ -262,7 +294,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     demo = sub.add_parser("demo", help="embed a few sentences and print the shapes")
     demo.add_argument("sentences", nargs="*", help="sentences to embed (default: three examples)")
-    demo.add_argument("--model", help="a model folder (options.json + weights.hdf5)")
+    demo.add_argument("--model", help="a model folder (options.json + weights.hdf5), a training workdir, "
+                                      "or a released model's name")
     demo.add_argument("--preset", default="tiny", help="preset of the random model (default tiny)")
     demo.add_argument("--seed", type=int, default=0)
     demo.set_defaults(func=_demo)
@@ -292,6 +325,16 @@ def build_parser() -> argparse.ArgumentParser:
                          "held-out set, else all)")
     ev.set_defaults(func=_eval)
 
+    pl = sub.add_parser(
+        "plot", help="draw a run's pictures (PNG, next to its results): perplexity against steps, word senses per layer",
+        description="Write WORKDIR/perplexity.png (held-out perplexity against steps, from metrics.jsonl, with the "
+                    "generator's optimum for runs on the embedded corpus) and, for those runs, "
+                    "WORKDIR/word_senses.png (one ambiguous word's occurrences per layer, from the newest "
+                    "checkpoint). Needs matplotlib: pip install -e '.[plot]'.",
+    )
+    pl.add_argument("workdir", help="the run's folder (what `elmo-jax train --workdir` wrote)")
+    pl.set_defaults(func=_plot)
+
     ex = sub.add_parser("export", help="write a run's checkpoint as options.json + weights.hdf5 (+ vocab, softmax)")
     ex.add_argument("workdir")
     ex.add_argument("out_dir")
@@ -314,7 +357,8 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--top", dest="layers", action="store_const", const="top", help="the top layer")
     which.add_argument("--average", dest="layers", action="store_const", const="average",
                        help="the mean of the layers")
-    em.add_argument("--model", help="model folder (options.json + weights.hdf5), released model name "
+    em.add_argument("--model", help="model folder (options.json + weights.hdf5), a training workdir (its newest "
+                                    "checkpoint, exported once into the cache), released model name "
                                     "(small, medium, original, original-5.5b) or URL (see `elmo-jax download`)")
     em.add_argument("--preset", help="instead of --model: a RANDOM model of this preset, for trials")
     em.add_argument("--seed", type=int, default=0, help="seed of the --preset model")

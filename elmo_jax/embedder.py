@@ -194,7 +194,9 @@ class Elmo:
         ``vocab.txt`` and ``softmax.hdf5``, are ignored).  Folders of the released models,
         with one ``*options*.json`` and one ``*weights*.hdf5`` under other names, load too.
         ``model_dir`` may also be a released model's name (``"original"``) or an http(s)
-        URL: :func:`elmo_jax.hub.resolve_model` downloads it once into the cache.
+        URL: :func:`elmo_jax.hub.resolve_model` downloads it once into the cache; or a
+        training workdir: its newest checkpoint, exported once into the cache
+        (:mod:`elmo_jax.workdir_model`).
         Raises ``FileNotFoundError`` naming a missing file and
         :class:`elmo_jax.weights.WeightFileError` naming the first dataset that does not
         fit the options.  ``devices``: as for :class:`Elmo`.
@@ -203,11 +205,12 @@ class Elmo:
             if options_file is not None or weight_file is not None:
                 raise ValueError("give either model_dir or options_file + weight_file, not both")
             model_dir = os.fspath(model_dir)
-            if not os.path.exists(model_dir):
-                from elmo_jax import hub
+            from elmo_jax import hub
+            from elmo_jax.workdir_model import is_training_workdir
 
-                if hub.is_model_spec(model_dir):  # a released model's name or a URL: the cached copy
-                    model_dir = os.fspath(hub.resolve_model(model_dir))
+            if (not os.path.exists(model_dir) and hub.is_model_spec(model_dir)) or is_training_workdir(model_dir):
+                # a released model's name or a URL: the cached copy; a run's workdir: its export
+                model_dir = os.fspath(hub.resolve_model(model_dir))
             if os.path.isfile(model_dir):
                 raise ElmoError(
                     f"{model_dir} is a file; Elmo.load takes the model folder "
@@ -523,7 +526,8 @@ def _find_file(model_dir: str, preferred_name: str, keyword: str, suffix: str) -
     if not candidates:
         raise FileNotFoundError(
             f"{model_dir} has no {preferred_name} (nor another *{keyword}*{suffix} file); "
-            f"a model folder holds {OPTIONS_FILE} and {WEIGHTS_FILE}"
+            f"a model folder holds {OPTIONS_FILE} and {WEIGHTS_FILE} (`elmo-jax export WORKDIR DIR` "
+            f"writes one from a training run; a run's workdir itself also works once it has a checkpoint)"
         )
     raise FileNotFoundError(
         f"{model_dir} has several {keyword} files ({', '.join(candidates)}) and no "

@@ -7,6 +7,7 @@
     resolve_model("https://host/x/elmo_x_options.json")  # either file's URL: the other is beside it
     resolve_model("https://host/model.tar.gz")           # an archive (.zip, .tar.gz, .tgz) holding them
     resolve_model("path/to/folder")                      # an existing folder, returned as it is
+    resolve_model("runs/tiny")                           # a training workdir: its newest checkpoint, exported
 
 Names: ``small``, ``medium``, ``original``, ``original-5.5b``, the files AllenNLP points to,
 under ``$ELMO_JAX_MODELS_URL`` (default ``https://allennlp.s3.amazonaws.com/models/elmo/``)
@@ -153,7 +154,7 @@ def resolve_model(spec: str | os.PathLike, *, offline: bool | None = None, progr
                          f"({', '.join(RELEASED_MODELS)}) or an http(s):// URL")
     path = None if is_url(spec) else Path(spec)
     if path is not None and path.is_dir():  # a folder wins over a name: ./small over "small"
-        return path
+        return _local_folder(path)
     if path is not None and not is_model_spec(spec):
         if path.exists():
             raise ElmoError(f"{path} is a file; a model is a folder holding {OPTIONS_FILE} and {WEIGHTS_FILE}")
@@ -167,6 +168,16 @@ def resolve_model(spec: str | os.PathLike, *, offline: bool | None = None, progr
                        offline_reason=(f"offline mode is on ({OFFLINE_ENV}={os.environ.get(OFFLINE_ENV)})"
                                        if offline is None else "offline mode is on"),
                        progress=progress)
+
+
+def _local_folder(path: Path) -> Path:
+    """An existing folder as a model folder: itself, or for a training workdir the export of
+    its newest checkpoint (:mod:`elmo_jax.workdir_model`, cached under :func:`cache_home`)."""
+    from elmo_jax.workdir_model import is_training_workdir, workdir_model
+
+    if is_training_workdir(path):
+        return workdir_model(path, cache_home())
+    return path
 
 
 def model_source(spec: str, models_url: str = DEFAULT_MODELS_URL) -> ModelSource:

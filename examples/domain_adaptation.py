@@ -14,7 +14,9 @@ text usually is)::
     python train.py --workdir OUT/b-scratch --config.data=OUT/corpus-b/train.txt ... --config.max_steps=STEPS_SCRATCH
 
 and prints, from the runs' ``metrics.jsonl``, the held-out perplexity on B along the way and
-how many steps each B run needed to reach the best perplexity the scratch run reached.
+how many steps each B run needed to reach the best perplexity the scratch run reached; with
+matplotlib installed (``pip install -e '.[plot]'``) it draws the two curves into
+``OUT/domain_adaptation.png``.  Run again, it reuses the finished runs (each resumes as complete).
 """
 
 from __future__ import annotations
@@ -105,7 +107,22 @@ def main() -> int:
                   f"{name}: perplexity <= {target:.2f} not reached in {max(curve)} steps")
     print(f"wall time: continued {walls['b-continued']:.0f} s, from scratch {walls['b-scratch']:.0f} s "
           f"(timings only mean something on an idle machine)")
+    picture(out, continued, scratch, optimum)
     return 0
+
+
+def picture(out: str, continued: dict[int, float], scratch: dict[int, float], optimum: float) -> None:
+    """``OUT/domain_adaptation.png``: the two curves on B and B's optimum (needs matplotlib)."""
+    from elmo_jax.plots import INSTALL_HINT, curves_png, have_matplotlib
+
+    if not have_matplotlib():
+        print(f"the picture of these curves needs matplotlib: {INSTALL_HINT}, then run this command again "
+              f"(the finished runs are reused)")
+        return
+    path = curves_png({"continued from A (init_from)": continued, "from scratch": scratch},
+                      os.path.join(out, "domain_adaptation.png"), references={"generator's optimum on B": optimum},
+                      title="held-out perplexity on domain B: scratch against init_from")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python examples/finetune_heads.py                 # pretrain a tiny ELMo briefly, then tag
     python examples/finetune_heads.py MODEL_DIR       # use an exported model instead
-    python examples/finetune_heads.py --quick         # seconds: for tests
+    python examples/finetune_heads.py --quick         # a first look: small everything, one learning rate
 
 Steps: (1) without MODEL_DIR, pretrain the ``tiny`` preset for a few hundred steps on the
 package's synthetic corpus and export it (``elmo-jax train`` + ``export`` in code);
@@ -99,10 +99,16 @@ def pretrain(workdir: str, corpus: str, quick: bool) -> Elmo:
 
 def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("model_dir", nargs="?", help="an exported model folder (default: pretrain a tiny one)")
-    ap.add_argument("--quick", action="store_true", help="tiny everything (seconds; for tests)")
+    ap.add_argument("model_dir", nargs="?", help="a model folder, or a training workdir such as runs/tiny "
+                                                 "(default: pretrain a tiny model first)")
+    ap.add_argument("--quick", action="store_true",
+                    help="small everything and one learning rate: a first look, and the tests (minutes on a "
+                         "2-core CPU, most of it compiling; the full run takes longer)")
     ap.add_argument("--workdir", help="where to pretrain and keep the corpus (default: a temp folder)")
     ap.add_argument("--steps", type=int, help="training steps (default 400; fewer with --quick)")
+    ap.add_argument("--plots", default=os.path.join("runs", "finetune_heads"), metavar="DIR",
+                    help="where finetune_heads.py writes scalar_mix.png, the trained mixes' layer weights "
+                         "(default runs/finetune_heads; needs matplotlib)")
     return ap.parse_args(argv)
 
 
@@ -205,18 +211,34 @@ def run(args: argparse.Namespace, workdir: str) -> int:
     steps = args.steps or (150 if args.quick else 400)
     heads = ["mix", "mix:layer_norm", "components"] + [f"layer:{k}" for k in range(elmo.config.n_output_layers)]
     print(f"{'head':<15} {'rate':>6} {'train loss':>10} {'dev':>7} {'accuracy':>9}")
+    mixes = {}
     for n, head in enumerate(heads):
-        dev_acc, rate, result = train_head(elmo, head, n, len(data.classes), splits["fit"], splits["dev"], steps)
+        dev_acc, rate, result = train_head(elmo, head, n, len(data.classes), splits["fit"], splits["dev"], steps,
+                                           rates=(1e-2,) if args.quick else LEARNING_RATES)
         acc = accuracy(result.params, *splits["test"], head)
         extra = ""
         if head.startswith("mix"):
             w = jax.nn.softmax(result.params["mix"]["scalars"])
             extra = "  layer weights " + " ".join(f"{float(v):.2f}" for v in w)
+            mixes[f"{head} (held-out {acc:.1%})"] = [float(v) for v in w]
         print(f"{head:<15} {rate:>6g} {np.mean(result.losses[-10:]):>10.3f} {dev_acc:>7.1%} {acc:>9.1%}{extra}")
     _, y_test, m_test = splits["test"]
     majority = np.bincount(y_test[m_test]).max() / m_test.sum()
     print(f"{'majority':<15} {'':>6} {'':>10} {'':>7} {majority:>9.1%}")
+    mix_picture(mixes, args.plots)
     return 0
+
+
+def mix_picture(mixes: dict[str, list[float]], folder: str) -> None:
+    """``FOLDER/scalar_mix.png``: each trained ScalarMix's layer weights (needs matplotlib)."""
+    from elmo_jax.plots import INSTALL_HINT, have_matplotlib, layer_weights_png
+
+    if not have_matplotlib():
+        print(f"a picture of the mixes' layer weights needs matplotlib: {INSTALL_HINT}")
+        return
+    path = layer_weights_png(mixes, os.path.join(folder, "scalar_mix.png"),
+                             title="word-class tagger: the trained ScalarMix's layer weights")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

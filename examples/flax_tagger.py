@@ -1,8 +1,8 @@
 """A Flax NNX tagger with ELMo inside: ELMo layer -> bidirectional LSTM -> linear.
 
     python examples/flax_tagger.py                 # pretrain a tiny ELMo briefly, then tag
-    python examples/flax_tagger.py MODEL_DIR       # use an exported model instead
-    python examples/flax_tagger.py --quick         # seconds: for tests
+    python examples/flax_tagger.py MODEL_DIR       # use a model folder or a run (runs/tiny) instead
+    python examples/flax_tagger.py --quick         # a first look: small everything
 
 The task is the one of ``examples/finetune_heads.py`` (whose corpus, pretraining and splits
 this reuses): the gold word class of every token of the package's synthetic corpus.  The

@@ -29,8 +29,10 @@ def require_fixtures() -> Path:
     """The bilm-tf fixture folder, or skip: it lives in ../shared, outside this repo."""
     if not (BILM_FIXTURES / "model" / "lm_weights.hdf5").exists():
         pytest.skip(
-            f"reference fixtures not found at {BILM_FIXTURES} (../shared beside the repo, or "
-            f"set ELMO_JAX_SHARED); they are not shipped with the project"
+            f"needs the bilm-tf fixture, not shipped with this project: the files of allenai/bilm-tf's "
+            f"tests/fixtures (model/lm_weights.hdf5, model/options.json, model/lm_embeddings_*.hdf5, "
+            f"data/vocab_test.txt, train/) at {BILM_FIXTURES} (../shared/fixtures/bilm-tf beside the "
+            f"checkout, or set ELMO_JAX_SHARED to the folder holding fixtures/bilm-tf)"
         )
     return BILM_FIXTURES
 

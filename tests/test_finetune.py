@@ -165,7 +165,15 @@ def test_example_runs_quick(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("finetune_heads", REPO / "examples" / "finetune_heads.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod.main([str(tmp_path / "model"), "--quick", "--workdir", str(tmp_path / "work")]) == 0
+    assert mod.main([str(tmp_path / "model"), "--quick", "--workdir", str(tmp_path / "work"),
+                     "--plots", str(tmp_path / "plots")]) == 0
     out = capsys.readouterr().out
     for head in ("mix", "components", "layer:0", "layer:1", "layer:2", "majority"):
         assert f"\n{head} " in out
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "needs matplotlib: pip install -e '.[plot]'" in out
+    else:  # the trained mixes' layer weights, drawn
+        assert f"wrote {tmp_path / 'plots' / 'scalar_mix.png'}" in out
+        assert (tmp_path / "plots" / "scalar_mix.png").read_bytes()[:4] == b"\x89PNG"

@@ -21,12 +21,16 @@ def _write(path: Path, data: bytes) -> Path:
     return path
 
 
-def test_local_text_round_trip_and_blank_lines(tmp_path):
+def test_local_text_round_trip_and_blank_lines(tmp_path, capsys):
     f1 = _write(tmp_path / "a.txt", "the cat sat .\n\n   \nle  café  \tnoir\r\n".encode("utf-8"))
     f2 = _write(tmp_path / "b.txt", b"last one")  # no final newline
     src = ts.make_source(f"text:{f1},{f2}", data_dir=tmp_path / "tfds")
     assert isinstance(src, ts.SentenceSource)
     assert src.prepared_now
+    # One line of ours, not TFDS's "Downloading and preparing dataset Unknown size ..." for local text.
+    out = capsys.readouterr().out
+    assert "Downloading" not in out and "Unknown size" not in out
+    assert out.count("preparing 2 files") == 1, out
     expected = [["the", "cat", "sat", "."], ["le", "café", "noir"], ["last", "one"]]
     assert len(src) == 3
     assert [src[i] for i in range(3)] == expected

@@ -178,7 +178,7 @@ def test_global_batch_must_divide_over_devices(tmp_path):
     import jax
 
     if jax.device_count() != 1:
-        pytest.skip("needs one device")
+        pytest.skip("needs a single device: run it without XLA_FLAGS=--xla_force_host_platform_device_count")
     from elmo_jax.config import ConfigError
 
     cfg = _cfg(tmp_path)
@@ -411,3 +411,23 @@ def test_a_short_run_pays_only_short_probes(monkeypatch):
     args = argparse.Namespace(workdir="unused", no_progress=True)
     assert cli._train_run(args, TrainConfig(max_steps=5)) == 0
     assert asked["max_sentences"] == asked["max_probe_train"] == 200
+
+
+def test_progress_bar_starts_after_the_compiling_step():
+    """No ETA is computed from the first step, which compiles: the bar appears once it has run."""
+    import io
+
+    from elmo_jax.train.metrics import StepBar
+
+    out = io.StringIO()
+    bar = StepBar(2670, enabled=True, file=out)
+    assert out.getvalue() == "" and bar.bar is None  # compiling: no bar, no ETA
+    bar.update(1)
+    first = out.getvalue().replace("\r", "\n").strip().splitlines()[-1]
+    assert "1/2670" in first and "<?" in first, first  # no rate yet, so no ETA
+    bar.update(2)
+    assert bar.bar.n == 2
+    bar.close()
+    silent = StepBar(10, enabled=False, file=out)
+    silent.update(1)
+    assert silent.bar is None

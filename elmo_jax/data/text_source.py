@@ -244,6 +244,17 @@ class ElmoLocalText(tfds.core.GeneratorBasedBuilder):
     # lookup would go through importlib_resources, which is not needed to read plain text.
     code_path = None
 
+    # TFDS prints "Downloading and preparing dataset Unknown size (download: Unknown size, ...)"
+    # and "... downloaded and prepared ..." for every builder: wrong for local text (nothing is
+    # downloaded, offline), so one line of our own replaces the two.
+    def _log_download_bytes(self) -> None:
+        files = list(self.builder_config.files)
+        shown = files[0] if len(files) == 1 else f"{len(files)} files ({files[0]}, ...)"
+        print(f"preparing {shown} for reading (once; ArrayRecord in {self.data_dir})", flush=True)
+
+    def _log_download_done(self) -> None:
+        pass
+
     def _info(self) -> tfds.core.DatasetInfo:
         return _LocalTextInfo(
             builder=self,

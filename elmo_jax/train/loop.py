@@ -53,7 +53,7 @@ from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.evaluation import evaluate
 from elmo_jax.train.init_from import initial_train_state, start_config
 from elmo_jax.train.losses import make_loss_fn
-from elmo_jax.train.metrics import MetricsWriter, TrainWindow, eval_message, progress_postfix
+from elmo_jax.train.metrics import MetricsWriter, StepBar, TrainWindow, eval_message, progress_postfix
 from elmo_jax.train.parallel import global_mesh, make_eval_fn, make_runner
 from elmo_jax.train.run_data import RunData, data_dir_for, default_heldout, prepare_data
 from elmo_jax.train.step import init_train_state, make_optimizer
@@ -165,10 +165,9 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     window = TrainWindow(start_step)
     last_saved = latest
     stop = StopRequest()
-    from tqdm.auto import tqdm
-
-    bar = tqdm(total=total_steps, initial=start_step, disable=not (progress and is_main), unit="step",
-               dynamic_ncols=True, file=sys.stderr)
+    bar = StepBar(total_steps, enabled=progress and is_main, file=sys.stderr)
+    if progress and start_step < total_steps:
+        log("compiling the training step (the progress bar starts after the first step)")
     step = start_step
     try:
         with stop.installed():
@@ -181,7 +180,7 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
                 d_train, d_lstm, metrics = train_step(runner, d_train, d_lstm, batch, base_key, step)
                 step += 1
                 window.add(step, metrics, waited)
-                bar.update(1)
+                bar.update(step)
                 if step % cfg.log_every == 0 or step == total_steps:
                     if record := log_train(step, window, runner, ckpts, writer, bar, **record_args):
                         summary["train"] = record

@@ -133,6 +133,36 @@ class TrainWindow:
         return m
 
 
+class StepBar:
+    """The training loop's progress bar (tqdm, on stderr).  It appears only after the first
+    step of this start has returned: that step compiles (seconds to minutes), and a bar timing
+    it would show an ETA of hours.  Its rate and ETA then time compiled steps only; until the
+    first train record, no ETA is shown ("?")."""
+
+    def __init__(self, total: int, enabled: bool, file=None):
+        self.total, self.enabled, self.file = total, enabled, file
+        self.bar = None
+
+    def update(self, step: int) -> None:
+        """``step`` has just been run."""
+        if not self.enabled:
+            return
+        if self.bar is None:
+            from tqdm.auto import tqdm
+
+            self.bar = tqdm(total=self.total, initial=step, unit="step", dynamic_ncols=True, file=self.file)
+        else:
+            self.bar.update(1)
+
+    def set_postfix(self, postfix: dict) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix(postfix)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
 def progress_postfix(record: dict) -> dict:
     """What the progress bar shows of a train record."""
     postfix = {"epoch": f"{record['epoch']:.2f}", "tok/s": f"{record['tokens_per_sec']:.0f}",

@@ -46,7 +46,7 @@ def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, ev
     all) and evaluated on up to ``max_sentences`` held-out sentences; the class probe is also
     scored on the held-out tokens whose form never occurs in the training text.
     """
-    from elmo_jax.data.synthetic import NO_SENSE, load_corpus, make_language, optimum_perplexity
+    from elmo_jax.data.synthetic import NO_SENSE, load_corpus
     from elmo_jax.data.vocab import SPECIALS
     from elmo_jax.embedder import Elmo
     from elmo_jax.probes import format_probe_table, probe_table
@@ -61,17 +61,14 @@ def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, ev
     train, train_labels = load_corpus(corpus_dir, "train")
     seen = {w for s in train for w in s}
     words = None if vocab is None else set(vocab) - set(SPECIALS)
-    # Targets outside the model's vocabulary are <UNK> for it; the optimum scores them the
-    # same way, so the two numbers are comparable.
+    optimum = heldout_optimum(stats, all_heldout, seen, words)
     if words is None or words == seen:
-        optimum = stats["optimum_heldout_perplexity_train_vocab"]
         lines += [
             f"  generator's optimum   {optimum:8.2f}  (words unseen in training merged into <UNK>, as the model sees them)",
             f"  bigram baseline       {stats['bigram_heldout_perplexity']:8.2f}",
             f"  unigram baseline      {stats['unigram_heldout_perplexity']:8.2f}",
         ]
     else:
-        optimum = optimum_perplexity(make_language(stats["seed"]), all_heldout, known=sorted(words))
         lines += [
             f"  generator's optimum   {optimum:8.2f}  (words outside the model's {len(words)}-word vocabulary "
             f"merged into <UNK>, as the model sees them)",
@@ -92,3 +89,14 @@ def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, ev
     lines += ["", f"probes fitted on {len(pick)} training sentences with a polysemous word, "
               f"tested on {len(heldout)} held-out sentences:", format_probe_table(rows)]
     return "\n".join(lines)
+
+
+def heldout_optimum(stats: dict, heldout: Sequence[Sequence[str]], seen: set[str], words: set[str] | None) -> float:
+    """The generator's held-out perplexity for a model whose vocabulary is ``words`` (None:
+    the training text's words, ``seen``).  Targets outside the model's vocabulary are
+    ``<UNK>`` for it; the optimum scores them the same way, so the two are comparable."""
+    if words is None or words == seen:
+        return stats["optimum_heldout_perplexity_train_vocab"]
+    from elmo_jax.data.synthetic import make_language, optimum_perplexity
+
+    return optimum_perplexity(make_language(stats["seed"]), heldout, known=sorted(words))
