@@ -44,13 +44,26 @@ def compile_cost(preset: str, n: int, max_len: int) -> tuple[int, float, float, 
     return len(elmo.compiled_shapes), sum(new), wall, elmo.max_compiled_shapes(max_len)
 
 
+def _cpu() -> str:
+    """The CPU model and vector extensions (benchmarks/machine.py, beside this folder)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    try:
+        from machine import cpu_summary, machine_info
+    except ImportError:  # an installed copy of the example without the benchmarks folder
+        return "unknown"
+    return cpu_summary(machine_info())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--presets", nargs="+", default=["small", "original"])
     ap.add_argument("--batches", type=int, default=3)
     args = ap.parse_args()
     jax.monitoring.register_event_duration_secs_listener(_listen)
-    print(f"devices: {jax.devices()}")
+    print(f"devices: {jax.devices()}; CPU: {_cpu()}")
     for preset in args.presets:
         tps = throughput(preset, 64, 20, args.batches if preset != "original" else 1)
         print(f"{preset}: {tps:,.0f} tokens/s (batch 64 x 20 tokens)")
