@@ -44,6 +44,7 @@ REPO = os.path.dirname(HERE)
 sys.path.insert(0, REPO)
 
 import numpy as np  # noqa: E402
+from machine import cpu_summary, machine_info  # noqa: E402  (benchmarks/, this script's folder)
 
 
 def write_corpus(path: str, n_sentences: int, n_types: int, seed: int = 0) -> dict:
@@ -240,7 +241,10 @@ def main(argv=None) -> int:
 
     tmp = args.tmp or tempfile.mkdtemp(prefix="elmo_data_bench_")
     os.makedirs(tmp, exist_ok=True)
-    results: dict = {"args": vars(args), "cpus": os.cpu_count(), "load_before": os.getloadavg()}
+    results: dict = {"args": vars(args), "cpus": os.cpu_count(), "machine": machine_info(),
+                     "load_before": os.getloadavg()}
+    print(f"machine: {cpu_summary(results['machine'])}, {results['machine']['cpus_available']} CPUs available, "
+          f"load {' '.join(f'{x:.1f}' for x in results['load_before'])}", flush=True)
     corpus = os.path.join(tmp, f"corpus_{args.sentences}.txt")
     t = time.perf_counter()
     results["corpus"] = write_corpus(corpus, args.sentences, args.types)

@@ -67,7 +67,11 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=None)
     args = parser.parse_args(argv)
     model_dir = pathlib.Path(args.shared) / "fixtures" / "bilm-tf" / "model"
-    result = dict(device=jax.devices()[0].device_kind, backend=jax.default_backend(), jax=jax.__version__)
+    from machine import cpu_summary, machine_info  # benchmarks/, this script's folder
+
+    result = dict(device=jax.devices()[0].device_kind, backend=jax.default_backend(), jax=jax.__version__,
+                  machine=machine_info())
+    print(f"machine: {cpu_summary(result['machine'])}", flush=True)  # the CPU's vector code sets the rounding
     for precision in ("highest", "default"):
         with jax.default_matmul_precision(precision):
             row = dict(padding_max_abs_diff=padding_max_abs_diff())

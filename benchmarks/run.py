@@ -22,7 +22,6 @@ import datetime
 import json
 import shutil
 import os
-import platform
 import signal
 import statistics
 import subprocess
@@ -38,6 +37,7 @@ sys.path.insert(0, HERE)
 import numpy as np  # noqa: E402
 
 import flops  # noqa: E402
+from machine import cpu_summary, machine_info  # noqa: E402
 from elmo_jax.config import ConfigError, ElmoConfig  # noqa: E402  (pure Python, no jax)
 
 EMBED_SHAPES = [(16, 20), (16, 60), (64, 20), (64, 60), (1, 20)]  # (batch, sentence length)
@@ -68,24 +68,6 @@ def run_json(cmd: list[str], env: dict | None = None, timeout: float = SUBPROCES
             return out
     tail = (p.stderr or p.stdout)[-2000:]
     return {"error": f"exit {p.returncode}: {tail}"}
-
-
-def machine_info() -> dict:
-    info = {"hostname": platform.node(), "python": platform.python_version(),
-            "cpus_available": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count()}
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
-            k, _, v = line.partition(":")
-            if k.strip() in ("Model name", "CPU(s)", "Thread(s) per core", "Core(s) per socket", "Socket(s)"):
-                info[k.strip()] = v.strip()
-    except OSError:
-        pass
-    try:
-        with open("/proc/meminfo") as f:
-            info["mem_total_gb"] = round(int(f.readline().split()[1]) / 2**20, 1)
-    except OSError:
-        pass
-    return info
 
 
 def git_describe() -> str:
@@ -449,7 +431,7 @@ class Suite:
         m = r["machine"]
         d = r["device"]
         lines = []
-        lines.append(f"date {r['date']} | {m.get('Model name', '?')}, {m['cpus_available']} CPUs available, "
+        lines.append(f"date {r['date']} | {cpu_summary(m)}, {m['cpus_available']} CPUs available, "
                      f"{m.get('mem_total_gb', '?')} GB | device {d['platform']}/{d['device_kind']} "
                      f"x{d['n_devices']} | jax {d['jax']}, jaxlib {d['jaxlib']} | elmo_jax {r['git']}"
                      + (f" | peer torch {r['peer']['torch']}, allennlp {r['peer']['allennlp']}, "

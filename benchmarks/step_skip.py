@@ -21,6 +21,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from machine import machine_info  # noqa: E402  (benchmarks/, this script's folder)
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
@@ -86,7 +87,7 @@ def main(argv=None) -> int:
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(device=jax.devices()[0].device_kind, backend=jax.default_backend(),
-                           jax=jax.__version__, cases=rows), f, indent=1)
+                           jax=jax.__version__, machine=machine_info(), cases=rows), f, indent=1)
     return 0
 
 

@@ -418,20 +418,23 @@ def main(argv: list[str] | None = None) -> int:
     except USER_ERRORS as e:
         print(f"elmo-jax {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"elmo-jax {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Stopped) outside `train`
+        from elmo_jax.train.stop import Stopped, exit_status
+
+        name = e.args[0] if isinstance(e, Stopped) and e.args else "SIGINT"
+        print(f"elmo-jax {args.command}: stopped by {name}", file=sys.stderr)
+        return exit_status(name)
 
 
 def _stop_at_once(command: str):
     """``train``: a signal before the loop (data preparation, compilation), or a second one
     in it, ends the process at once with one line and status 130 / 143 (the loop saves on
-    the first; see :mod:`elmo_jax.train.stop`).  Other commands: Python's own handling."""
-    import contextlib
+    the first; see :mod:`elmo_jax.train.stop`).  Other commands: Ctrl-C as Python does, and
+    SIGTERM likewise (their cleanup runs), then one line and 130 / 143."""
+    from elmo_jax.train.stop import exit_on_signal, raise_on_sigterm
 
     if command != "train":
-        return contextlib.nullcontext()
-    from elmo_jax.train.stop import exit_on_signal
+        return raise_on_sigterm()
 
     return exit_on_signal(lambda name: f"elmo-jax train: stopped by {name}; the checkpoints already written "
                                        f"are intact and the same command resumes from the latest")

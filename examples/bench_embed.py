@@ -116,6 +116,19 @@ def embed_vs_raw(preset: str, lines: list[str], batch_size: int, devices, reps: 
     return out
 
 
+def _cpu() -> str:
+    """The CPU model and vector extensions (benchmarks/machine.py, beside this folder)."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    try:
+        from machine import cpu_summary, machine_info
+    except ImportError:  # an installed copy of the example without the benchmarks folder
+        return "unknown"
+    return cpu_summary(machine_info())
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--presets", nargs="+", default=["small", "original"])
@@ -128,7 +141,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     args = ap.parse_args()
     jax.monitoring.register_event_duration_secs_listener(_listen)
-    print(f"devices: {jax.devices()}")
+    print(f"devices: {jax.devices()}; CPU: {_cpu()}")
     if args.pipeline:
         n_dev = args.devices or jax.local_device_count()
         host = host_tokens_per_cpu_second(corpus_lines(args.host_sentences, seed=1), args.batch_size, 50, n_dev)

@@ -1,7 +1,9 @@
 """The benchmark scripts refuse bad options before measuring anything (they are not run here)."""
 
+import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +79,21 @@ def test_accelerator_script_stages_accept_their_options(tmp_path):
         assert "CUT at its 4 s limit" in line or ": exit 0 " in line, f"{line}\n{log}"
     assert "error:" not in log and "unrecognized arguments" not in log, log
     assert proc.returncode in (0, 1)
+
+
+def test_benchmark_results_record_the_cpus_vector_extensions():
+    """Every benchmark header/result names the CPU and its vector extensions (AVX2 and
+    AVX-512 machines give other numbers): one helper, benchmarks/machine.py."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    import machine
+
+    assert machine.vector_extensions("fpu sse2 avx fma avx2 f16c bmi2") == ["avx", "avx2", "f16c", "fma"]
+    assert machine.vector_extensions("avx2 AVX512F avx512_vnni amx_tile amx_bf16 sse4_2") == [
+        "amx_bf16", "amx_tile", "avx2", "avx512_vnni", "avx512f"]
+    info = machine.machine_info()
+    assert isinstance(info["vector_extensions"], list) and info["cpu_model"]
+    if platform.machine() == "x86_64" and Path("/proc/cpuinfo").exists():
+        assert "avx" in info["vector_extensions"]  # every x86-64 CPU this project runs on
+    assert info["cpu_model"] in machine.cpu_summary(info)
+    for script in ("run.py", "data.py", "step_skip.py", "fixture_agreement.py"):
+        assert "machine_info" in (REPO / "benchmarks" / script).read_text(encoding="utf-8"), script

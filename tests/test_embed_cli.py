@@ -169,3 +169,28 @@ def test_cli_bfloat16_embeds_within_tolerance(tmp_path, model_dir, elmo):
             got = f[str(i)][...]
             assert got.dtype == np.float32
             assert 0.0 < np.abs(got - e).max() / np.abs(e).max() <= 2e-2
+
+
+def test_sigterm_during_a_command_is_one_line_and_143(tmp_path, monkeypatch, capsys):
+    """SIGTERM to `elmo-jax embed` (here while it loads the model): one line, status 143
+    (stopped), and the caller's SIGTERM handler is back afterwards."""
+    import signal
+
+    from elmo_jax import cli
+
+    (tmp_path / "in.txt").write_text("a b\n", encoding="utf-8")
+
+    def load(*a, **k):
+        signal.raise_signal(signal.SIGTERM)
+        raise AssertionError("SIGTERM did not stop the command")
+
+    from elmo_jax.embedder import Elmo
+
+    monkeypatch.setattr(Elmo, "random", staticmethod(load))
+    before = signal.getsignal(signal.SIGTERM)
+    assert cli.main(["embed", str(tmp_path / "in.txt"), str(tmp_path / "out.hdf5"), "--top", "--preset", "tiny",
+                     "--no-progress"]) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["elmo-jax embed: stopped by SIGTERM"]
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert not (tmp_path / "out.hdf5").exists()

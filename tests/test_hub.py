@@ -453,11 +453,18 @@ def test_two_processes_fetching_one_model_download_it_once(server, tiny, home):
         second = start()
         try:
             assert second.stdout.readline() == "ready\n"
-            time.sleep(0.5)  # the second one is now inside resolve_model, waiting for the lock
+            # The event: the second one says it waits for the lock (a line it writes just
+            # before blocking), not a guess of how long it takes to get there.
+            said = []
+            for line in second.stderr:
+                said.append(line)
+                if "waiting for another process fetching" in line:
+                    break
             assert len(server.routes.gets("/race/options.json")) == 1
             hold.set()
             out1, err1 = first.communicate(timeout=60)
             out2, err2 = second.communicate(timeout=60)
+            err2 = "".join(said) + err2
         finally:
             second.kill()
     finally:

@@ -88,6 +88,31 @@ def exit_on_signal(message: Callable[[str], str]) -> Iterator[None]:
             signal.signal(s, h)
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM, raised as Ctrl-C raises KeyboardInterrupt (``args[0]``: the signal's name),
+    so that a command's cleanup runs and it ends with 143 (:func:`raise_on_sigterm`)."""
+
+
+@contextlib.contextmanager
+def raise_on_sigterm() -> Iterator[None]:
+    """For commands that keep no checkpoint (embed, export, eval, demo): SIGTERM raises
+    :class:`Stopped` where the default would kill the process without a word; the caller's
+    handler is back afterwards; outside the main thread nothing changes."""
+
+    def handler(signum, frame):
+        raise Stopped(signal.Signals(signum).name)
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class StopRequest:
     """SIGTERM / Ctrl-C set a flag; the loop checkpoints at the next step and returns.
 
