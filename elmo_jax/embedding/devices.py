@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P, SingleDeviceSharding
 
 AXIS = "rows"
 
@@ -60,6 +60,12 @@ class Placement:
         self.devices = resolve_devices(devices)
         self.mesh = Mesh(np.asarray(self.devices), (AXIS,))
         self.replicated = NamedSharding(self.mesh, P())
+        # One device: arrays placed as before devices existed (uncommitted on the default
+        # device, else committed to that device), so ``jax.jit`` / ``nnx.jit`` callers given
+        # ``elmo.params`` see the inputs they always saw (a 1-device mesh made nnx.jit retrace).
+        self._single = None
+        if len(self.devices) == 1:
+            self._single = None if self.devices[0] == jax.local_devices()[0] else SingleDeviceSharding(self.devices[0])
 
     @property
     def n_devices(self) -> int:
@@ -67,7 +73,10 @@ class Placement:
 
     def put_replicated(self, tree):
         """A copy of ``tree`` on every device (host arrays or arrays placed elsewhere)."""
-        return jax.device_put(tree, self.replicated)
+        return jax.device_put(tree, self._one_device() if self.n_devices == 1 else self.replicated)
+
+    def _one_device(self):
+        return self._single  # None: jax's default device, uncommitted
 
     def put_rows(self, tree, axis: int = 0):
         """``tree``'s arrays split over the devices along ``axis`` (its size must be a
@@ -77,6 +86,8 @@ class Placement:
             if x.shape[axis] % self.n_devices:
                 raise ValueError(f"{x.shape[axis]} rows (axis {axis} of shape {x.shape}) do not split over "
                                  f"{self.n_devices} devices; pad them to a multiple of {self.n_devices}")
+            if self.n_devices == 1:
+                return jax.device_put(x, self._one_device())
             return jax.device_put(x, rows_sharding(self.mesh, x.ndim, axis))
 
         return jax.tree.map(put, tree)
