@@ -134,9 +134,15 @@ class Elmo:
     :meth:`reset_state` forgets it.
     """
 
-    def __init__(self, config: ElmoConfig, params: dict, batch_size: int = 64, dtype: str = "float32"):
+    def __init__(self, config: ElmoConfig, params: dict, batch_size: int = 64, dtype: str = "float32",
+                 token_ids=None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if token_ids is None and config.vocab is not None:
+            raise ValueError("a vocabulary model (config.vocab) needs token_ids=VocabIds(...) from its .dic files; "
+                             "Elmo.load(folder) reads them")
+        # Tokens -> ids: UTF-8 bytes, or a vocabulary model's char.dic / word.dic (manylangs.VocabIds).
+        self.token_ids = token_ids or chars.ByteIds(config.char_cnn.max_characters_per_token)
         self.config = config
         self.params = jax.tree.map(jnp.asarray, params)
         self.batch_size = batch_size
@@ -201,6 +207,10 @@ class Elmo:
                 )
             if not os.path.isdir(model_dir):
                 raise FileNotFoundError(f"model folder not found: {model_dir}")
+            from elmo_jax import manylangs
+
+            if manylangs.is_manylangs_folder(model_dir) and not os.path.exists(os.path.join(model_dir, OPTIONS_FILE)):
+                model_dir = os.fspath(manylangs.cached_conversion(model_dir))  # converted once, then HDF5
             options_file = _find_file(model_dir, OPTIONS_FILE, "options", ".json")
             weight_file = _find_file(model_dir, WEIGHTS_FILE, "weights", ".hdf5")
         elif options_file is None or weight_file is None:
@@ -208,7 +218,15 @@ class Elmo:
         if not os.path.exists(options_file):
             raise FileNotFoundError(f"options file not found: {options_file}")
         config = ElmoConfig.from_json_file(options_file)
-        elmo = cls(config, load_weights(weight_file, config), batch_size=batch_size, dtype=dtype)
+        token_ids = None
+        if config.vocab is not None:  # a converted ELMoForManyLangs model: its .dic files lie beside
+            from elmo_jax import manylangs
+
+            folder = os.path.dirname(os.path.abspath(options_file))
+            manylangs.check_vocab_files(folder, config)
+            token_ids = manylangs.VocabIds.from_folder(folder, config)
+        elmo = cls(config, load_weights(weight_file, config), batch_size=batch_size, dtype=dtype,
+                   token_ids=token_ids)
         elmo.source_files = {"model's options file": os.path.abspath(options_file),
                              "model's weight file": os.path.abspath(weight_file)}
         return elmo
@@ -240,6 +258,8 @@ class Elmo:
         with atomic_path(targets[1]) as weights_tmp, atomic_path(targets[0]) as options_tmp:
             save_weights(self.params, self.config, weights_tmp)
             self.config.to_json_file(options_tmp)
+            if self.config.vocab is not None:  # a vocabulary model's .dic files go with it
+                self.token_ids.save(model_dir)
 
     # -- compilation bound ------------------------------------------------------------
     def max_compiled_shapes(self, max_len: int, batch_size: int | None = None) -> int:
@@ -455,10 +475,8 @@ class Elmo:
             layers, new_state = self._forward_vectors(self.params, self.config, e, jnp.asarray(lengths), state,
                                                       markers=self._marker_vectors())
         else:
-            ids = np.zeros((n_rows, n_time, self.config.char_cnn.max_characters_per_token), np.int32)
-            ids[: len(token_lists)] = chars.batch_to_ids(
-                token_lists, self.config.char_cnn.max_characters_per_token, max_length=n_time
-            )
+            ids = np.zeros((n_rows, n_time, self.config.token_id_width), np.int32)
+            ids[: len(token_lists)] = self.token_ids.batch_to_ids(token_lists, max_length=n_time)
             self.compiled_shapes.add((n_rows, n_time))
             layers, new_state = self._forward(self.params, self.config, ids, state, lengths,
                                               markers=self._marker_vectors())
@@ -491,11 +509,10 @@ class Elmo:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         words = self._check_vocab(tokens)
         self._say_truncation([words])
-        n_chars = self.config.char_cnn.max_characters_per_token
         vectors = np.zeros((len(words), self.config.projection_dim), np.float32)
         for start in range(0, len(words), batch_size):
             chunk = words[start : start + batch_size]
-            vectors[start : start + len(chunk)] = self._encode_words(chunk, n_chars)
+            vectors[start : start + len(chunk)] = self._encode_words(chunk)
         self._set_cache(words, vectors, jax.default_matmul_precision.value)
         return vectors
 
@@ -552,11 +569,10 @@ class Elmo:
         """Warn, once per object, that tokens longer than the char CNN reads are cut."""
         if self._truncation_said:
             return
-        n_chars = self.config.char_cnn.max_characters_per_token
-        cut = chars.truncated_tokens(token_lists, n_chars)
-        if cut:
+        message = self.token_ids.truncation_message(token_lists)
+        if message:
             self._truncation_said = True
-            warnings.warn(chars.truncation_message(cut, n_chars), chars.TokenTruncatedWarning, stacklevel=4)
+            warnings.warn(message, chars.TokenTruncatedWarning, stacklevel=4)
 
     @staticmethod
     def _check_vocab(tokens: Sequence[str]) -> list[str]:
@@ -583,10 +599,10 @@ class Elmo:
         self._cache_precision = precision
         self._cache_params = jax.tree.leaves(self.params)
 
-    def _encode_words(self, words: Sequence[str], n_chars: int) -> np.ndarray:
+    def _encode_words(self, words: Sequence[str]) -> np.ndarray:
         n = _encoder_bucket(len(words))
-        ids = np.zeros((n, n_chars), np.int32)
-        ids[: len(words)] = chars.tokens_to_ids(words, n_chars)
+        ids = np.zeros((n, self.config.token_id_width), np.int32)
+        ids[: len(words)] = self.token_ids.tokens_to_ids(words)
         self.compiled_cache_shapes.add(("encoder", n))
         return np.asarray(self._encode(self.params, self.config, ids))[: len(words)]
 
@@ -602,7 +618,7 @@ class Elmo:
                     k = extra.setdefault(w, len(cache) + len(extra))
                 idx[r, t] = k
         if extra:
-            new = self._encode_words(list(extra), self.config.char_cnn.max_characters_per_token)
+            new = self._encode_words(list(extra))
             table = np.concatenate([cache, new])
         else:
             table = cache
