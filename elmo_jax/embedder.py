@@ -178,6 +178,7 @@ class Elmo:
         weight_file: str | os.PathLike | None = None,
         batch_size: int = 64,
         dtype: str = "float32",
+        progress: bool = True,
     ) -> "Elmo":
         """From a folder or from the two files.
 
@@ -187,6 +188,9 @@ class Elmo:
         with one ``*options*.json`` and one ``*weights*.hdf5`` under other names, load too.
         ``model_dir`` may also be a released model's name (``"original"``) or an http(s)
         URL: :func:`elmo_jax.hub.resolve_model` downloads it once into the cache.
+        ``progress=False`` turns the download's progress bar off.  A folder of HIT-SCIR's
+        ELMoForManyLangs (``config.json``, ``char.dic``, ``word.dic``, ``*.pkl``) is converted
+        once into the model cache (:mod:`elmo_jax.manylangs`) and read from there.
         Raises ``FileNotFoundError`` naming a missing file and
         :class:`elmo_jax.weights.WeightFileError` naming the first dataset that does not
         fit the options.
@@ -199,14 +203,16 @@ class Elmo:
                 from elmo_jax import hub
 
                 if hub.is_model_spec(model_dir):  # a released model's name or a URL: the cached copy
-                    model_dir = os.fspath(hub.resolve_model(model_dir))
+                    model_dir = os.fspath(hub.resolve_model(model_dir, progress=progress))
             if os.path.isfile(model_dir):
                 raise ElmoError(
                     f"{model_dir} is a file; Elmo.load takes the model folder "
                     f"({os.path.dirname(model_dir) or '.'}), or options_file= and weight_file="
                 )
             if not os.path.isdir(model_dir):
-                raise FileNotFoundError(f"model folder not found: {model_dir}")
+                from elmo_jax import hub
+
+                raise FileNotFoundError(f"model folder not found: {model_dir}" + hub._suggestion(model_dir))
             from elmo_jax import manylangs
 
             if manylangs.is_manylangs_folder(model_dir) and not os.path.exists(os.path.join(model_dir, OPTIONS_FILE)):

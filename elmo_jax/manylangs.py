@@ -402,6 +402,23 @@ def cached_conversion(folder: str | os.PathLike, models_dir: str | os.PathLike |
     return entry
 
 
+def config_fields(config: ElmoConfig) -> dict:
+    """The architecture of a vocabulary model without its vocabularies' sizes and ids (what
+    every released model shares)."""
+    options = config.to_options()
+    options["char_cnn"].pop("n_characters", None)
+    vocab = options.pop("vocab", None) or {}
+    options["word_dim"] = vocab.get("word_dim", "no vocab section")
+    return options
+
+
+def released_config_fields() -> dict:
+    """:func:`config_fields` of the released models' architecture."""
+    chars = {k: i for i, k in enumerate(("<bow>", "<eow>", "<bos>", "<eos>", "<oov>", "<pad>"))}
+    words = {k: i for i, k in enumerate(("<bos>", "<eos>", "<oov>", "<pad>"))}
+    return config_fields(elmo_config(_RELEASED_ARCHITECTURE, chars, words, "released architecture"))
+
+
 def check_vocab_files(folder: str | os.PathLike, config: ElmoConfig) -> None:
     """Refuse a converted folder whose ``.dic`` files are missing."""
     missing = [n for n in (CHAR_DIC, WORD_DIC)[: 1 + bool(config.word_dim)] if not (Path(folder) / n).is_file()]

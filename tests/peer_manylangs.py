@@ -4,17 +4,18 @@ Runs ONLY inside the separate environment that ``../shared/peers/elmoformanylang
 builds (torch + the package; never imported by the project or the test process)::
 
     PEER/bin/python -W ignore tests/peer_manylangs.py make FOLDER [--legacy]
-    PEER/bin/python -W ignore tests/peer_manylangs.py embed FOLDER SENTENCES.json OUT.npz
+    PEER/bin/python -W ignore tests/peer_manylangs.py embed SENTENCES.json OUT.npz FOLDER...
 
 ``make`` builds a small model with random weights with the package's own classes and saves
 it as the package's loader expects (``torch.save`` of the two state dicts; ``--legacy``: the
 pre-1.6 layout of the released 2018 files).  ``embed`` runs
-``Embedder(FOLDER).sents2elmo(sentences, output_layer=k)`` for k = 0, 1, 2, -1, each with a
-fresh ``Embedder`` (its LSTM state carries over between calls), into ``OUT.npz``
-(``k{k}_{i}`` for sentence ``i``).
+``Embedder(FOLDER).sents2elmo(sentences, output_layer=k)`` for k = 0, 1, 2, -1, each from the
+state of a fresh ``Embedder`` (its LSTM state carries over between calls: it is reset before
+each), into ``OUT.npz`` (``{f}_k{k}_{i}`` for folder number ``f`` and sentence ``i``).
 """
 
 import json
+import logging
 import os
 import sys
 
@@ -33,6 +34,9 @@ ARCH = {
 }
 CHARS = list("abcdefghijklmnopqrstuvwxyzéèàüöç中文字") + ["\u3000"]
 WORDS = ["the", "cat", "sat", "on", "mat", "café", "中文", "a"]
+
+
+logging.disable(logging.INFO)  # the package logs its whole model at INFO
 
 
 def write_dic(path, entries):
@@ -66,14 +70,16 @@ def make(folder, legacy):
     torch.save(model.encoder.state_dict(), os.path.join(folder, "encoder.pkl"), **kw)
 
 
-def embed(folder, sentences_path, out_path):
+def embed(sentences_path, out_path, folders):
     with open(sentences_path, encoding="utf-8") as f:
         sentences = json.load(f)
     out = {}
-    for k in (0, 1, 2, -1):
-        vectors = Embedder(folder, batch_size=64).sents2elmo(sentences, output_layer=k)
-        for i, v in enumerate(vectors):
-            out[f"k{k}_{i}"] = np.asarray(v, np.float32)
+    for n, folder in enumerate(folders):
+        embedder = Embedder(folder, batch_size=64)
+        for k in (0, 1, 2, -1):
+            embedder.model.encoder.reset_states()  # the state of a fresh Embedder
+            for i, v in enumerate(embedder.sents2elmo(sentences, output_layer=k)):
+                out[f"{n}_k{k}_{i}"] = np.asarray(v, np.float32)
     np.savez(out_path, **out)
 
 
@@ -82,6 +88,6 @@ if __name__ == "__main__":
     if cmd == "make":
         make(sys.argv[2], "--legacy" in sys.argv)
     elif cmd == "embed":
-        embed(sys.argv[2], sys.argv[3], sys.argv[4])
+        embed(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:
         sys.exit(f"unknown command {cmd!r}")
