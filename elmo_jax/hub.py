@@ -264,6 +264,9 @@ def model_source(spec: str, models_url: str = DEFAULT_MODELS_URL) -> ModelSource
     folder_path = path[: len(path) - len(last)]
     alternatives: list[tuple[str, str]] = []
     for name in (OPTIONS_FILE, WEIGHTS_FILE):
+        if last == "lm_weights.hdf5":  # bilm-tf's name: the model is its folder (options.json beside it)
+            path = folder_path
+            break
         if last.endswith(name):
             path = path[: -len(name)]
             break
@@ -368,9 +371,9 @@ def fetch_model(
             shutil.rmtree(partial, ignore_errors=True)
         finally:
             shutil.rmtree(staging, ignore_errors=True)
-            with contextlib.suppress(OSError):  # nothing left to resume: no empty folders either
-                partial.rmdir()
-                partial.parent.rmdir()
+            for folder in (partial, partial.parent):  # nothing left to resume: no empty folders either
+                with contextlib.suppress(OSError):
+                    folder.rmdir()
     _verify_source(entry, source)
     return entry
 
