@@ -765,7 +765,12 @@ def _write_manifest(model: Path, source: ModelSource, downloaded: bool) -> None:
 
 
 def _adopt(entry: Path, source: ModelSource) -> Path:
-    """An entry put in place by hand (see :class:`OfflineError`): checked, then recorded."""
+    """An entry put in place by hand (see :class:`OfflineError`): checked, then recorded.
+    An ELMoForManyLangs folder (the unzipped archive) is converted in place first."""
+    from elmo_jax import manylangs
+
+    if not (entry / OPTIONS_FILE).is_file() and manylangs.is_manylangs_folder(entry):
+        manylangs.convert(entry, entry)
     missing = [n for n in (OPTIONS_FILE, WEIGHTS_FILE) if not (entry / n).is_file()]
     if missing:
         raise OfflineError(f"{entry} holds no {' and no '.join(missing)}; put the model's files there as "
@@ -781,7 +786,10 @@ def _adopt(entry: Path, source: ModelSource) -> Path:
 
 
 def _offline_message(source: ModelSource, entry: Path, reason: str) -> str:
-    if source.archive_url:
+    if source.spec.startswith("manylangs/"):
+        todo = (f"download {source.archive_url} and unzip it into\n  {entry}\n(the folder holding config.json, "
+                f"char.dic, word.dic and the .pkl files; it is converted on first use)")
+    elif source.archive_url:
         todo = (f"download {source.archive_url}, extract it, and put its options file at\n  "
                 f"{entry / OPTIONS_FILE}\nand its weight file at\n  {entry / WEIGHTS_FILE}")
     else:

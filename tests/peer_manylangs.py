@@ -3,10 +3,11 @@
 Runs ONLY inside the separate environment that ``../shared/peers/elmoformanylangs-env.sh``
 builds (torch + the package; never imported by the project or the test process)::
 
-    PEER/bin/python -W ignore tests/peer_manylangs.py make FOLDER [--legacy]
+    PEER/bin/python -W ignore tests/peer_manylangs.py make FOLDER [--legacy] [--released-size]
     PEER/bin/python -W ignore tests/peer_manylangs.py embed SENTENCES.json OUT.npz FOLDER...
 
-``make`` builds a small model with random weights with the package's own classes and saves
+``make`` builds a small model (``--released-size``: the released models' architecture, the
+package's configs/cnn_50_100_512_4096_sample.json, with 3,000 chars and 30,000 words) with random weights with the package's own classes and saves
 it as the package's loader expects (``torch.save`` of the two state dicts; ``--legacy``: the
 pre-1.6 layout of the released 2018 files).  ``embed`` runs
 ``Embedder(FOLDER).sents2elmo(sentences, output_layer=k)`` for k = 0, 1, 2, -1, each from the
@@ -46,23 +47,32 @@ def write_dic(path, entries):
             f.write(f"{i}\n" if token == "\u3000" else f"{token}\t{i}\n")
 
 
-def make(folder, legacy):
+def make(folder, legacy, released_size=False):
     torch.manual_seed(0)
     os.makedirs(folder, exist_ok=True)
+    arch = ARCH
     chars = ["<bow>", "<eow>", "<bos>", "<eos>", "<oov>", "<pad>"] + CHARS
     words = ["<oov>", "<pad>", "<bos>", "<eos>"] + WORDS
+    if released_size:
+        arch = {**ARCH, "encoder": {"name": "elmo", "projection_dim": 512, "cell_clip": 3, "proj_clip": 3,
+                                    "dim": 4096, "n_layers": 2},
+                "token_embedder": {"name": "cnn", "activation": "relu", "n_highway": 2, "word_dim": 100,
+                                   "char_dim": 50, "max_characters_per_token": 50,
+                                   "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]}}
+        chars += [chr(0x4E00 + i) for i in range(3000 - len(chars))]
+        words += [f"w{i}" for i in range(30000 - len(words))]
     write_dic(os.path.join(folder, "char.dic"), chars)
     write_dic(os.path.join(folder, "word.dic"), words)
     char2id = {c: i for i, c in enumerate(chars)}
     word2id = {w: i for i, w in enumerate(words)}
-    char_layer = EmbeddingLayer(ARCH["token_embedder"]["char_dim"], char2id, fix_emb=False, embs=None)
-    word_layer = EmbeddingLayer(ARCH["token_embedder"]["word_dim"], word2id, fix_emb=False, embs=None)
-    model = Model(ARCH, word_layer, char_layer, False)
+    char_layer = EmbeddingLayer(arch["token_embedder"]["char_dim"], char2id, fix_emb=False, embs=None)
+    word_layer = EmbeddingLayer(arch["token_embedder"]["word_dim"], word2id, fix_emb=False, embs=None)
+    model = Model(arch, word_layer, char_layer, False)
     with torch.no_grad():  # every weight and bias non-trivial, so each mapping is exercised
         for p in model.parameters():
             p.add_(0.3 * torch.randn_like(p))
     with open(os.path.join(folder, "cnn_test_arch.json"), "w") as f:
-        json.dump(ARCH, f)
+        json.dump(arch, f)
     with open(os.path.join(folder, "config.json"), "w") as f:
         json.dump({"config_path": "cnn_test_arch.json"}, f)
     kw = {} if not legacy else {"_use_new_zipfile_serialization": False}
@@ -86,7 +96,7 @@ def embed(sentences_path, out_path, folders):
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "make":
-        make(sys.argv[2], "--legacy" in sys.argv)
+        make(sys.argv[2], "--legacy" in sys.argv, "--released-size" in sys.argv)
     elif cmd == "embed":
         embed(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:

@@ -275,3 +275,15 @@ def test_a_manylangs_name_downloads_converts_and_loads(server, home, monkeypatch
     monkeypatch.delenv(manylangs.URL_ENV)
     with pytest.raises(hub.ChecksumError, match=r"not the released 'manylangs/fr'"):
         hub.resolve_model("manylangs/fr", offline=True)
+
+
+def test_a_manylangs_folder_placed_by_hand_is_converted_and_recorded(home, monkeypatch, server):
+    monkeypatch.setenv(manylangs.URL_ENV, f"{server.url}/nowhere/")  # a mirror: no architecture check
+    with pytest.raises(hub.OfflineError, match=r"download http://\S+/nowhere/177.zip and unzip it into"):
+        hub.resolve_model("manylangs/ur", offline=True)
+    entry = home / "models" / "manylangs-ur"
+    shutil.copytree(MANYLANGS / "zip", entry)
+    assert hub.resolve_model("manylangs/ur", offline=True) == entry
+    manifest = json.loads((entry / "download.json").read_text())
+    assert manifest["origin"] == "placed in the cache by hand" and "weights.hdf5" in manifest["sha256"]
+    assert Elmo.load("manylangs/ur", progress=False).config.vocab.n_words == 12
