@@ -59,7 +59,7 @@ def make(folder, legacy, released_size=False):
                 "token_embedder": {"name": "cnn", "activation": "relu", "n_highway": 2, "word_dim": 100,
                                    "char_dim": 50, "max_characters_per_token": 50,
                                    "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]}}
-        chars += [chr(0x4E00 + i) for i in range(3000 - len(chars))]
+        chars += [c for c in map(chr, range(0x4E00, 0x4E00 + 3000)) if c not in chars][: 3000 - len(chars)]
         words += [f"w{i}" for i in range(30000 - len(words))]
     write_dic(os.path.join(folder, "char.dic"), chars)
     write_dic(os.path.join(folder, "word.dic"), words)

@@ -3,7 +3,6 @@ server of tests/test_hub.py on 127.0.0.1 (never the internet)."""
 
 import io
 import json
-import re
 import shutil
 import socket
 import tarfile
