@@ -518,7 +518,7 @@ class Elmo:
         vectors = np.zeros((len(words), self.config.projection_dim), np.float32)
         for start in range(0, len(words), batch_size):
             chunk = words[start : start + batch_size]
-            vectors[start : start + len(chunk)] = self._encode_words(chunk)
+            vectors[start : start + len(chunk)] = self._encode_words(chunk, self.config.token_id_width)
         self._set_cache(words, vectors, jax.default_matmul_precision.value)
         return vectors
 
@@ -605,9 +605,10 @@ class Elmo:
         self._cache_precision = precision
         self._cache_params = jax.tree.leaves(self.params)
 
-    def _encode_words(self, words: Sequence[str]) -> np.ndarray:
+    def _encode_words(self, words: Sequence[str], n_chars: int) -> np.ndarray:
+        """Token vectors of ``words``; ``n_chars``: the ids per token (``config.token_id_width``)."""
         n = _encoder_bucket(len(words))
-        ids = np.zeros((n, self.config.token_id_width), np.int32)
+        ids = np.zeros((n, n_chars), np.int32)
         ids[: len(words)] = self.token_ids.tokens_to_ids(words)
         self.compiled_cache_shapes.add(("encoder", n))
         return np.asarray(self._encode(self.params, self.config, ids))[: len(words)]
@@ -624,7 +625,7 @@ class Elmo:
                     k = extra.setdefault(w, len(cache) + len(extra))
                 idx[r, t] = k
         if extra:
-            new = self._encode_words(list(extra))
+            new = self._encode_words(list(extra), self.config.token_id_width)
             table = np.concatenate([cache, new])
         else:
             table = cache
