@@ -274,8 +274,9 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--top", dest="layers", action="store_const", const="top", help="the top layer")
     which.add_argument("--average", dest="layers", action="store_const", const="average",
                        help="the mean of the layers")
-    em.add_argument("--model", help="model folder (options.json + weights.hdf5), released model name "
-                                    "(small, medium, original, original-5.5b) or URL (see `elmo-jax download`)")
+    em.add_argument("--model", help="model folder (options.json + weights.hdf5, or an ELMoForManyLangs folder), "
+                                    "released model name (small, medium, original, original-5.5b, "
+                                    "manylangs/<code>) or URL (see `elmo-jax download --list`)")
     em.add_argument("--preset", help="instead of --model: a RANDOM model of this preset, for trials")
     em.add_argument("--seed", type=int, default=0, help="seed of the --preset model")
     em.add_argument("--batch-size", type=int, default=64)
