@@ -37,7 +37,7 @@ entry of a released name fetched from its official host (no ``$ELMO_JAX_MODELS_U
 ``$ELMO_JAX_MANYLANGS_URL`` mirror) is checked against that model's known architecture on
 every use, so a different model copied into its folder is refused.  An interrupted download
 (Ctrl-C, a killed process, a dropped connection) keeps its partial file under
-``models/.partial/`` and the next attempt resumes it with ``Range``; ``force=True`` (``elmo-jax
+``<cache>/.partial/<key>/`` and the next attempt resumes it with ``Range``; ``force=True`` (``elmo-jax
 download NAME --force``) deletes an entry (and any partial file) and fetches it afresh.
 
 Offline (``offline=True`` or ``ELMO_JAX_OFFLINE=1``, or the network unreachable): a cached
