@@ -662,7 +662,10 @@ def _fetch_archive(source: ModelSource, staging: Path, model: Path, partial: Pat
         archive.unlink()
         raise DownloadError(f"{url} is not a readable {suffix} archive ({e}); nothing was cached") from None
     archive.unlink()
-    manylangs_folder = _manylangs_folder_in(extracted)
+    try:
+        manylangs_folder = _manylangs_folder_in(extracted)
+    except ElmoError as e:
+        raise DownloadError(f"{url}: {e}; nothing was cached").with_traceback(None) from None
     if manylangs_folder is not None:
         from elmo_jax import manylangs
 

@@ -109,9 +109,18 @@ def released_url(name: str, base: str | None = None) -> str:
 
 
 def is_manylangs_folder(folder: str | os.PathLike) -> bool:
-    """Whether ``folder`` has the package's layout (``config.json`` and its weight files)."""
+    """Whether ``folder`` has the package's layout (``config.json`` and its weight files).
+    A folder with ``config.json`` and ``char.dic`` but a weight file missing is refused here
+    with the names of the missing files (an interrupted copy or unzip)."""
     folder = Path(folder)
-    return (folder / CONFIG_FILE).is_file() and (folder / ENCODER_FILE).is_file()
+    if not (folder / CONFIG_FILE).is_file() or not (folder / CHAR_DIC).is_file() and not (folder / ENCODER_FILE).is_file():
+        return False
+    missing = [n for n in (TOKEN_EMBEDDER_FILE, ENCODER_FILE) if not (folder / n).is_file()]
+    if missing and not any(folder.glob("*options*.json")):
+        raise ManyLangsError(f"{folder} looks like an ELMoForManyLangs model (config.json, char.dic) but "
+                             f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: copy or unzip "
+                             f"the model again")
+    return not missing
 
 
 # -- vocabularies ---------------------------------------------------------------------------

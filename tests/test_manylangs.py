@@ -275,3 +275,11 @@ def test_released_names_cover_the_44_models():
         136, 142, 144, 145, 150, 160, 170, 179}
     assert manylangs.released_url("manylangs/fi", "http://127.0.0.1:1/m") == "http://127.0.0.1:1/m/149.zip"
     assert hub.model_source("manylangs/ur").archive_url.endswith("/repository/11/177.zip")
+
+
+def test_an_incomplete_folder_names_the_missing_file(tmp_path):
+    folder = tmp_path / "m"
+    shutil.copytree(DATA / "zip", folder)
+    (folder / "encoder.pkl").unlink()
+    with pytest.raises(manylangs.ManyLangsError, match=r"encoder.pkl is missing: copy or unzip the model again"):
+        Elmo.load(folder)
