@@ -171,3 +171,21 @@ def batch_to_ids(
         col = np.arange(len(which)) - np.repeat(np.cumsum(len_B) - len_B, len_B)
         out[row, col] = tokens_to_ids(list(index), max_characters_per_token)[which]
     return out
+
+
+class ByteIds:
+    """Tokens -> char ids for byte models: the ``token_ids`` of :class:`elmo_jax.Elmo` (a
+    vocabulary model has :class:`elmo_jax.manylangs.VocabIds`, with the same methods)."""
+
+    def __init__(self, max_characters_per_token: int):
+        self.max_chars = self.width = max_characters_per_token
+
+    def tokens_to_ids(self, tokens: Sequence[str | bytes]) -> np.ndarray:
+        return tokens_to_ids(tokens, self.max_chars)
+
+    def batch_to_ids(self, token_lists: Sequence[Sequence[str]], max_length: int | None = None) -> np.ndarray:
+        return batch_to_ids(token_lists, self.max_chars, max_length=max_length)
+
+    def truncation_message(self, token_lists: Sequence[Sequence[str]]) -> str | None:
+        cut = truncated_tokens(token_lists, self.max_chars)
+        return truncation_message(cut, self.max_chars) if cut else None

@@ -260,9 +260,26 @@ def _embed_run(args: argparse.Namespace) -> int:
 
 def _download(args: argparse.Namespace) -> int:
     """Fetch a model into the cache (elmo_jax.hub) and say where its files are."""
-    from elmo_jax.hub import resolve_model
+    from elmo_jax import hub, manylangs
 
-    folder = resolve_model(args.model, offline=True if args.offline else None, progress=not args.no_progress)
+    if args.list:
+        print("released English models (AllenNLP):")
+        for name, folder in hub.RELEASED_MODELS.items():
+            print(f"  {name:16} {folder}")
+        print("ELMoForManyLangs (HIT-SCIR; converted on download):")
+        for code, (number, language) in manylangs.RELEASED.items():
+            print(f"  {manylangs.NAME_PREFIX + code:16} {language} ({number}.zip)")
+        return 0
+    if not args.model:
+        raise ValueError("name a model (or URL) to download, or --list to see the released names")
+    try:
+        folder = hub.resolve_model(args.model, offline=True if args.offline else None,
+                                   progress=not args.no_progress, force=args.force)
+    except KeyboardInterrupt:
+        print(f"elmo-jax download: interrupted; the part already downloaded is kept in "
+              f"{hub.cache_home() / hub.PARTIAL_DIR} and `elmo-jax download {args.model}` resumes it",
+              file=sys.stderr)
+        return 130
     print(f"{args.model}: {folder}")
     for f in sorted(folder.iterdir()):
         if f.is_file():
@@ -357,9 +374,10 @@ def build_parser() -> argparse.ArgumentParser:
     which.add_argument("--top", dest="layers", action="store_const", const="top", help="the top layer")
     which.add_argument("--average", dest="layers", action="store_const", const="average",
                        help="the mean of the layers")
-    em.add_argument("--model", help="model folder (options.json + weights.hdf5), a training workdir (its newest "
-                                    "checkpoint, exported once into the cache), released model name "
-                                    "(small, medium, original, original-5.5b) or URL (see `elmo-jax download`)")
+    em.add_argument("--model", help="model folder (options.json + weights.hdf5, or an ELMoForManyLangs folder), "
+                                    "a training workdir (its newest checkpoint, exported once into the cache), "
+                                    "released model name (small, medium, original, original-5.5b, manylangs/<code>) "
+                                    "or URL (see `elmo-jax download --list`)")
     em.add_argument("--preset", help="instead of --model: a RANDOM model of this preset, for trials")
     em.add_argument("--seed", type=int, default=0, help="seed of the --preset model")
     em.add_argument("--batch-size", type=int, default=64)
@@ -388,11 +406,16 @@ def build_parser() -> argparse.ArgumentParser:
     dl = sub.add_parser(
         "download", help="fetch a released model (or a model URL) into the cache and print where it is",
         description="Fetch a model into the cache ($ELMO_JAX_HOME/models, default ~/.cache/elmo-jax/models) "
-                    "and print its folder. NAME: small, medium, original, original-5.5b, or an http(s) URL of a "
-                    "model folder (ending in /), of its files' common prefix, or of a .zip/.tar.gz holding them. "
+                    "and print its folder. NAME: small, medium, original, original-5.5b, manylangs/<code> (the 44 "
+                    "ELMoForManyLangs models: --list), or an http(s) URL of a model folder (ending in /), of its "
+                    "files' common prefix, or of a .zip/.tar.gz holding them (#sha256=HEX pins its digest). "
                     "A cached model's files are checked against the sha256 recorded when they were downloaded.",
     )
-    dl.add_argument("model", metavar="NAME", help="released model name or URL")
+    dl.add_argument("model", metavar="NAME", nargs="?", help="released model name or URL")
+    dl.add_argument("--list", action="store_true", help="list the released models' names and exit")
+    dl.add_argument("--force", action="store_true",
+                    help="delete the cached copy (and any partial download) and fetch it again, e.g. after a "
+                         "checksum error")
     dl.add_argument("--offline", action="store_true",
                     help="never use the network: the cached copy, or an error saying which files to put where "
                          "(also ELMO_JAX_OFFLINE=1)")

@@ -9,6 +9,13 @@
 
 ``n_characters`` may be 261 (the training-time table) or 262 (the inference table with a
 padding row); both describe the same model.  This package always runs the 262 form.
+
+Models whose tokens are read through vocabulary files instead of UTF-8 bytes (HIT-SCIR's
+ELMoForManyLangs, converted by :mod:`elmo_jax.manylangs`) add a ``vocab`` section
+(:class:`VocabConfig`): a char table of ``char.dic``'s size (+1 padding row), and optionally
+a word table whose vectors are concatenated with the char CNN + highway output before the
+projection.  Their token ids are ``[word id, char ids ...]`` (width ``1 + C``, see
+:attr:`ElmoConfig.token_id_width`).
 """
 
 from __future__ import annotations
@@ -58,6 +65,60 @@ class LSTMConfig:
     use_skip_connections: bool = True
 
 
+CHAR_ROLES = ("begin", "end", "bos", "eos", "oov", "pad")
+WORD_ROLES = ("bos", "eos", "oov", "pad")
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabConfig:
+    """Token inputs through vocabulary files (``char.dic``, ``word.dic``) instead of bytes.
+
+    ``char_ids``: the ``char.dic`` ids (as the file numbers them) of the char that begins
+    every word, the one that ends it, the chars of the ``<bos>`` / ``<eos>`` marker tokens,
+    unknown chars and padding (:data:`CHAR_ROLES` order).  ``word_ids``: the ``word.dic``
+    ids of ``<bos>``, ``<eos>``, unknown words and padding (:data:`WORD_ROLES`); empty
+    when ``word_dim`` is 0 (no word table).  At run time every id is shifted by +1, so that
+    0 means "no token" as for byte models.
+    """
+
+    n_chars: int
+    char_ids: tuple[int, ...]
+    n_words: int = 0
+    word_dim: int = 0
+    word_ids: tuple[int, ...] = ()
+
+    def to_options(self) -> dict:
+        out: dict[str, Any] = {"n_chars": self.n_chars, "char_ids": dict(zip(CHAR_ROLES, self.char_ids)),
+                               "word_dim": self.word_dim}
+        if self.word_dim:
+            out.update(n_words=self.n_words, word_ids=dict(zip(WORD_ROLES, self.word_ids)))
+        return out
+
+    @classmethod
+    def from_options(cls, d: Any, source: str) -> "VocabConfig":
+        if not isinstance(d, dict):
+            raise ConfigError(f"{source}: vocab must be an object, got {type(d).__name__}")
+
+        def ids(key: str, roles: tuple[str, ...]) -> tuple[int, ...]:
+            section = _section(d, key, source, prefix="vocab.")
+            return tuple(_field(section, r, int, source, f"vocab.{key}.") for r in roles)
+
+        word_dim = _field(d, "word_dim", int, source, "vocab.", default=0)
+        return cls(n_chars=_field(d, "n_chars", int, source, "vocab."), char_ids=ids("char_ids", CHAR_ROLES),
+                   n_words=_field(d, "n_words", int, source, "vocab.") if word_dim else 0, word_dim=word_dim,
+                   word_ids=ids("word_ids", WORD_ROLES) if word_dim else ())
+
+    def marker_rows(self, max_characters_per_token: int) -> list[list[int]]:
+        """Token ids (+1 shifted, ``[word id, chars ...]``) of ``<bos>`` and ``<eos>``:
+        begin char, the marker's char, end char, padding."""
+        begin, end, bos, eos, _, pad = (i + 1 for i in self.char_ids)
+        rows = []
+        for n, char in enumerate((bos, eos)):
+            word = self.word_ids[n] + 1 if self.word_dim else 0
+            rows.append([word, begin, char, end] + [pad] * (max_characters_per_token - 3))
+        return rows
+
+
 @dataclasses.dataclass(frozen=True)
 class ElmoConfig:
     """Architecture of a biLM (char-CNN token encoder + two projected-LSTM stacks).
@@ -67,6 +128,7 @@ class ElmoConfig:
 
     char_cnn: CharCNNConfig = CharCNNConfig()
     lstm: LSTMConfig = LSTMConfig()
+    vocab: VocabConfig | None = None  # None: UTF-8 byte ids (every bilm-tf / AllenNLP model)
 
     def __post_init__(self):
         _validate(self)
@@ -87,8 +149,23 @@ class ElmoConfig:
         return self.lstm.n_layers + 1
 
     @property
+    def word_dim(self) -> int:
+        """Width of the word table concatenated before the projection (0: none)."""
+        return self.vocab.word_dim if self.vocab is not None else 0
+
+    @property
+    def projection_input_dim(self) -> int:
+        """What the projection reads: the word vector (if any), then the char CNN's ``F``."""
+        return self.word_dim + self.char_cnn.n_filters
+
+    @property
     def has_char_projection(self) -> bool:
-        return self.char_cnn.n_filters != self.lstm.projection_dim
+        return self.projection_input_dim != self.lstm.projection_dim
+
+    @property
+    def token_id_width(self) -> int:
+        """Ids per token: ``C`` chars, plus the word id in front for vocabulary models."""
+        return self.char_cnn.max_characters_per_token + (self.vocab is not None)
 
     # -- presets ---------------------------------------------------------------------
     @classmethod
@@ -115,7 +192,7 @@ class ElmoConfig:
             changes["filters"] = _filter_pairs(changes["filters"], "filters")
         cnn = dataclasses.replace(self.char_cnn, **{k: v for k, v in changes.items() if k in cnn_fields})
         lstm = dataclasses.replace(self.lstm, **{k: v for k, v in changes.items() if k in lstm_fields})
-        return ElmoConfig(char_cnn=cnn, lstm=lstm)
+        return ElmoConfig(char_cnn=cnn, lstm=lstm, vocab=self.vocab)
 
     # -- options.json ----------------------------------------------------------------
     def to_options(self) -> dict:
@@ -129,7 +206,7 @@ class ElmoConfig:
         # Always written (null when unclipped): AllenNLP's reader indexes both keys.
         lstm["cell_clip"] = None if l.cell_clip is None else _number(l.cell_clip)
         lstm["proj_clip"] = None if l.proj_clip is None else _number(l.proj_clip)
-        return {
+        out = {
             "lstm": lstm,
             "char_cnn": {
                 "embedding": {"dim": c.embedding_dim},
@@ -137,11 +214,14 @@ class ElmoConfig:
                 "n_highway": c.n_highway,
                 # The inference table's size, whichever form this config was built with: a
                 # file saying 261 next to a 262-row table is what trips other readers up.
-                "n_characters": chars.N_CHARS,
+                "n_characters": chars.N_CHARS if self.vocab is None else c.n_characters,
                 "max_characters_per_token": c.max_characters_per_token,
                 "activation": c.activation,
             },
         }
+        if self.vocab is not None:
+            out["vocab"] = self.vocab.to_options()
+        return out
 
     @classmethod
     def from_options(cls, options: dict, source: str = "options.json") -> "ElmoConfig":
@@ -152,20 +232,22 @@ class ElmoConfig:
         cnn = _section(options, "char_cnn", source)
         emb = _section(cnn, "embedding", source, prefix="char_cnn.")
         filters = _filter_pairs(_field(cnn, "filters", list, source, "char_cnn."), f"{source}: char_cnn.filters")
+        vocab = VocabConfig.from_options(options["vocab"], source) if "vocab" in options else None
         n_chars = _field(cnn, "n_characters", int, source, "char_cnn.", default=chars.N_CHARS)
-        if n_chars not in (chars.N_RAW_CHARS, chars.N_CHARS):
+        if vocab is None and n_chars not in (chars.N_RAW_CHARS, chars.N_CHARS):
             raise ConfigError(
                 f"{source}: char_cnn.n_characters is {n_chars}; ELMo models use 261 (training) "
                 f"or 262 (inference, with a padding row)"
             )
         try:
-            return cls._from_fields(cnn, emb, lstm, filters, source)
+            return cls._from_fields(cnn, emb, lstm, filters, source, vocab)
         except ConfigError as e:  # a range check of __post_init__ does not know the file: add it
             message = str(e)
             raise ConfigError(message if message.startswith(f"{source}:") else f"{source}: {message}") from None
 
     @classmethod
-    def _from_fields(cls, cnn: dict, emb: dict, lstm: dict, filters, source: str) -> "ElmoConfig":
+    def _from_fields(cls, cnn: dict, emb: dict, lstm: dict, filters, source: str,
+                     vocab: VocabConfig | None = None) -> "ElmoConfig":
         return cls(
             char_cnn=CharCNNConfig(
                 embedding_dim=_field(emb, "dim", int, source, "char_cnn.embedding."),
@@ -176,7 +258,7 @@ class ElmoConfig:
                 activation=_field(cnn, "activation", str, source, "char_cnn."),
                 max_characters_per_token=_field(cnn, "max_characters_per_token", int, source, "char_cnn."),
                 # 261 and 262 describe the same model; the run-time table always has 262 rows.
-                n_characters=chars.N_CHARS,
+                n_characters=chars.N_CHARS if vocab is None else vocab.n_chars + 1,
             ),
             lstm=LSTMConfig(
                 dim=_field(lstm, "dim", int, source, "lstm."),
@@ -186,6 +268,7 @@ class ElmoConfig:
                 proj_clip=_optional_number(lstm, "proj_clip", source),
                 use_skip_connections=_field(lstm, "use_skip_connections", bool, source, "lstm."),
             ),
+            vocab=vocab,
         )
 
     @classmethod
@@ -221,12 +304,14 @@ def count_params(config: ElmoConfig) -> int:
     The char table counts its 261 trainable rows (the padding row is a constant zero).
     """
     c, l = config.char_cnn, config.lstm
-    n = (chars.N_RAW_CHARS) * c.embedding_dim
+    n = (c.n_characters - 1 if config.vocab is not None else chars.N_RAW_CHARS) * c.embedding_dim
+    if config.word_dim:
+        n += config.vocab.n_words * config.word_dim
     n += sum(w * c.embedding_dim * k + k for w, k in c.filters)
     f = c.n_filters
     n += c.n_highway * 2 * (f * f + f)
     if config.has_char_projection:
-        n += f * l.projection_dim + l.projection_dim
+        n += config.projection_input_dim * l.projection_dim + l.projection_dim
     for layer in range(l.n_layers):
         n_in = l.projection_dim
         per_direction = (n_in + l.projection_dim) * 4 * l.dim + 4 * l.dim + l.dim * l.projection_dim
@@ -263,11 +348,28 @@ def _validate(config: ElmoConfig) -> None:
             raise ConfigError(f"{name} must be positive, got {value}")
     if c.n_highway < 0:
         raise ConfigError(f"char_cnn.n_highway must be >= 0, got {c.n_highway}")
-    if c.n_characters not in (chars.N_RAW_CHARS, chars.N_CHARS):
+    if config.vocab is not None:
+        _validate_vocab(config.vocab, c)
+    elif c.n_characters not in (chars.N_RAW_CHARS, chars.N_CHARS):
         raise ConfigError(f"char_cnn.n_characters must be 261 or 262, got {c.n_characters}")
     for name, clip in (("cell_clip", l.cell_clip), ("proj_clip", l.proj_clip)):
         if clip is not None and not clip > 0:
             raise ConfigError(f"lstm.{name} must be positive or absent, got {clip}")
+
+
+def _validate_vocab(v: VocabConfig, c: CharCNNConfig) -> None:
+    if v.n_chars < 1 or c.n_characters != v.n_chars + 1:
+        raise ConfigError(f"vocab.n_chars is {v.n_chars}: it must be positive and char_cnn.n_characters "
+                          f"({c.n_characters}) one more (the padding row)")
+    if len(v.char_ids) != len(CHAR_ROLES) or not all(0 <= i < v.n_chars for i in v.char_ids):
+        raise ConfigError(f"vocab.char_ids {v.char_ids} must give {', '.join(CHAR_ROLES)} as ids below "
+                          f"n_chars={v.n_chars}")
+    if v.word_dim < 0:
+        raise ConfigError(f"vocab.word_dim must be >= 0, got {v.word_dim}")
+    if v.word_dim and (v.n_words < 1 or len(v.word_ids) != len(WORD_ROLES)
+                       or not all(0 <= i < v.n_words for i in v.word_ids)):
+        raise ConfigError(f"vocab.word_ids {v.word_ids} must give {', '.join(WORD_ROLES)} as ids below "
+                          f"n_words={v.n_words}")
 
 
 def _is_int(v: Any) -> bool:

@@ -112,9 +112,14 @@ class Elmo:
     """
 
     def __init__(self, config: ElmoConfig, params: dict, batch_size: int = 64, dtype: str = "float32",
-                 devices: Devices = None):
+                 devices: Devices = None, token_ids=None):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if token_ids is None and config.vocab is not None:
+            raise ValueError("a vocabulary model (config.vocab) needs token_ids=VocabIds(...) from its .dic files; "
+                             "Elmo.load(folder) reads them")
+        # Tokens -> ids: UTF-8 bytes, or a vocabulary model's char.dic / word.dic (manylangs.VocabIds).
+        self.token_ids = token_ids or chars.ByteIds(config.char_cnn.max_characters_per_token)
         self.config = config
         self.batch_size = batch_size
         # "bfloat16": matmul operands in bf16, params, cell state, accumulation and outputs
@@ -186,6 +191,7 @@ class Elmo:
         batch_size: int = 64,
         dtype: str = "float32",
         devices: Devices = None,
+        progress: bool = True,
     ) -> "Elmo":
         """From a folder or from the two files.
 
@@ -196,7 +202,10 @@ class Elmo:
         ``model_dir`` may also be a released model's name (``"original"``) or an http(s)
         URL: :func:`elmo_jax.hub.resolve_model` downloads it once into the cache; or a
         training workdir: its newest checkpoint, exported once into the cache
-        (:mod:`elmo_jax.workdir_model`).
+        (:mod:`elmo_jax.workdir_model`).  ``progress=False`` turns the download's progress
+        bar off.  A folder of HIT-SCIR's ELMoForManyLangs (``config.json``, ``char.dic``,
+        ``word.dic``, ``*.pkl``) is converted once into the model cache
+        (:mod:`elmo_jax.manylangs`) and read from there.
         Raises ``FileNotFoundError`` naming a missing file and
         :class:`elmo_jax.weights.WeightFileError` naming the first dataset that does not
         fit the options.  ``devices``: as for :class:`Elmo`.
@@ -210,14 +219,20 @@ class Elmo:
 
             if (not os.path.exists(model_dir) and hub.is_model_spec(model_dir)) or is_training_workdir(model_dir):
                 # a released model's name or a URL: the cached copy; a run's workdir: its export
-                model_dir = os.fspath(hub.resolve_model(model_dir))
+                model_dir = os.fspath(hub.resolve_model(model_dir, progress=progress))
             if os.path.isfile(model_dir):
                 raise ElmoError(
                     f"{model_dir} is a file; Elmo.load takes the model folder "
                     f"({os.path.dirname(model_dir) or '.'}), or options_file= and weight_file="
                 )
             if not os.path.isdir(model_dir):
-                raise FileNotFoundError(f"model folder not found: {model_dir}")
+                from elmo_jax import hub
+
+                raise FileNotFoundError(f"model folder not found: {model_dir}" + hub._suggestion(model_dir))
+            from elmo_jax import manylangs
+
+            if manylangs.is_manylangs_folder(model_dir) and not os.path.exists(os.path.join(model_dir, OPTIONS_FILE)):
+                model_dir = os.fspath(manylangs.cached_conversion(model_dir))  # converted once, then HDF5
             options_file = _find_file(model_dir, OPTIONS_FILE, "options", ".json")
             weight_file = _find_file(model_dir, WEIGHTS_FILE, "weights", ".hdf5")
         elif options_file is None or weight_file is None:
@@ -225,7 +240,15 @@ class Elmo:
         if not os.path.exists(options_file):
             raise FileNotFoundError(f"options file not found: {options_file}")
         config = ElmoConfig.from_json_file(options_file)
-        elmo = cls(config, load_weights(weight_file, config), batch_size=batch_size, dtype=dtype, devices=devices)
+        token_ids = None
+        if config.vocab is not None:  # a converted ELMoForManyLangs model: its .dic files lie beside
+            from elmo_jax import manylangs
+
+            folder = os.path.dirname(os.path.abspath(options_file))
+            manylangs.check_vocab_files(folder, config)
+            token_ids = manylangs.VocabIds.from_folder(folder, config)
+        elmo = cls(config, load_weights(weight_file, config), batch_size=batch_size, dtype=dtype,
+                   token_ids=token_ids, devices=devices)
         elmo.source_files = {"model's options file": os.path.abspath(options_file),
                              "model's weight file": os.path.abspath(weight_file)}
         return elmo
@@ -258,6 +281,8 @@ class Elmo:
         with atomic_path(targets[1]) as weights_tmp, atomic_path(targets[0]) as options_tmp:
             save_weights(self.params, self.config, weights_tmp)
             self.config.to_json_file(options_tmp)
+            if self.config.vocab is not None:  # a vocabulary model's .dic files go with it
+                self.token_ids.save(model_dir)
 
     # -- compilation bound ------------------------------------------------------------
     def max_compiled_shapes(self, max_len: int, batch_size: int | None = None) -> int:
@@ -377,7 +402,7 @@ class Elmo:
                 bar.close()
             return
         cache = self._usable_cache()
-        tokens = CallTokens(toks, self.config.char_cnn.max_characters_per_token)
+        tokens = CallTokens(toks, self.config.token_id_width, self.token_ids.tokens_to_ids)
         cache_rows = None if cache is None else CacheRows.build(tokens, cache.index, len(cache.vectors))
         prepared = maybe_ahead(plans, lambda plan: prepare_group(tokens, plan, cache_rows), LOOK_AHEAD)
 
@@ -427,7 +452,7 @@ class Elmo:
         if group.char_ids_RTC is None:
             table = cache.vectors
             if group.extra_words:
-                new = self._encode_words(group.extra_words, self.config.char_cnn.max_characters_per_token)
+                new = self._encode_words(group.extra_words, self.config.token_id_width)
                 table = np.concatenate([table, new])
             e = self._placement.put_rows(table[group.cache_rows_RT])
             self.compiled_cache_shapes.add(("lstm", n_rows, n_time))
@@ -463,11 +488,10 @@ class Elmo:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         words = check_vocab(tokens)
         self._say_truncation([words])
-        n_chars = self.config.char_cnn.max_characters_per_token
         vectors = np.zeros((len(words), self.config.projection_dim), np.float32)
         for start in range(0, len(words), batch_size):
             chunk = words[start : start + batch_size]
-            vectors[start : start + len(chunk)] = self._encode_words(chunk, n_chars)
+            vectors[start : start + len(chunk)] = self._encode_words(chunk, self.config.token_id_width)
         self._cache = TokenCache(words, vectors, current_precision(), jax.tree.leaves(self.params))
         return vectors
 
@@ -500,18 +524,17 @@ class Elmo:
         """Warn, once per object, that tokens longer than the char CNN reads are cut."""
         if self._truncation_said:
             return
-        n_chars = self.config.char_cnn.max_characters_per_token
-        cut = chars.truncated_tokens(token_lists, n_chars)
-        if cut:
+        message = self.token_ids.truncation_message(token_lists)
+        if message:
             self._truncation_said = True
-            warnings.warn(chars.truncation_message(cut, n_chars), chars.TokenTruncatedWarning, stacklevel=4)
+            warnings.warn(message, chars.TokenTruncatedWarning, stacklevel=4)
 
     def _encode_words(self, words: Sequence[str], n_chars: int) -> np.ndarray:
         """The char CNN's vectors ``[len(words), P]`` (padded to :func:`encoder_bucket` words;
         replicated over the devices: a one-off per vocabulary or group)."""
         n = encoder_bucket(len(words))
         ids = np.zeros((n, n_chars), np.int32)
-        ids[: len(words)] = chars.tokens_to_ids(words, n_chars)
+        ids[: len(words)] = self.token_ids.tokens_to_ids(words)
         self.compiled_cache_shapes.add(("encoder", n))
         return np.asarray(self._encode(self.params, self.config, ids))[: len(words)]
 

@@ -124,7 +124,8 @@ class ElmoLayer(nnx.Module):
     compute dtype is kept (``dtype`` overrides it when loading here).  ``trainable``:
     hold the biLM as ``nnx.Param`` and fine-tune it (default: frozen :class:`ElmoWeight`).
     ``layer_norm``: each mix normalises the layers over the real tokens first.
-    ``dropout``: the rate on each mixed vector (0 disables it).
+    ``dropout``: the rate on each mixed vector (0 disables it).  ``progress=False``: no
+    progress bar while a named model downloads.
 
     Call with char ids ``[B, T, C]`` (:func:`batch_inputs`) and optionally the mask
     ``[B, T]`` of real tokens (each row's first ``n`` positions; by default the positions
@@ -134,18 +135,19 @@ class ElmoLayer(nnx.Module):
 
     def __init__(self, model: Elmo | str | os.PathLike, *, num_output_representations: int = 1,
                  trainable: bool = False, layer_norm: bool = False, dropout: float = 0.5,
-                 dtype: str | None = None, rngs: nnx.Rngs):
+                 dtype: str | None = None, progress: bool = True, rngs: nnx.Rngs):
         if not isinstance(model, Elmo):
             if not isinstance(model, (str, os.PathLike)):
                 raise TypeError(f"ElmoLayer takes an elmo_jax.Elmo, a model folder or a model name, "
                                 f"got {type(model).__name__}")
-            model = Elmo.load(model, dtype=dtype or "float32")
+            model = Elmo.load(model, dtype=dtype or "float32", progress=progress)
         if num_output_representations < 1:
             raise ValueError(f"num_output_representations must be >= 1, got {num_output_representations}; "
                              f"for the raw layers call ElmoLayer.all_layers")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout is a rate in [0, 1), got {dropout}")
         self.config = model.config
+        self.token_ids = model.token_ids  # tokens -> ids (batch_inputs(sentences, layer))
         self.dtype = model.dtype
         self.trainable = trainable
         kind = nnx.Param if trainable else ElmoWeight
@@ -171,9 +173,9 @@ class ElmoLayer(nnx.Module):
         """The biLM's layers ``[L+1, B, T, 2P]`` (0 = ``[e; e]``, ``l`` = ``[forward_l;
         backward_l]``), zero past each sentence; frozen unless ``trainable``."""
         char_ids_BTC = jnp.asarray(char_ids_BTC)
-        n_chars = self.config.char_cnn.max_characters_per_token
+        n_chars = self.config.token_id_width
         if char_ids_BTC.ndim != 3 or char_ids_BTC.shape[-1] != n_chars:
-            raise ValueError(f"char ids must be [B, T, {n_chars}] (batch_inputs(sentences, layer.config) "
+            raise ValueError(f"char ids must be [B, T, {n_chars}] (batch_inputs(sentences, layer) "
                              f"builds them), got shape {char_ids_BTC.shape}")
         lengths_B = None
         if mask_BT is not None:
@@ -225,10 +227,14 @@ def _under_linen() -> bool:
     return bool(stack) and stack[-1] is not None
 
 
-def batch_inputs(sentences: Sequence[Sentence], config: ElmoConfig, *,
+def batch_inputs(sentences: Sequence[Sentence], config: ElmoConfig | ElmoLayer | Elmo, *,
                  rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Sentences (strings split on whitespace, or token lists) -> ``(char_ids [R, T, C]
     int32, mask [R, T] bool)``.
+
+    ``config``: the model's :class:`ElmoConfig`, or the :class:`ElmoLayer` / ``Elmo`` itself,
+    which a vocabulary model (ELMoForManyLangs, ``config.vocab``) needs: its ids come from its
+    ``.dic`` files (``C`` is then ``1 + max_characters_per_token``).
 
     ``T`` is the time bucket of the longest sentence (as :meth:`elmo_jax.Elmo.embed` pads
     it); ``R`` is ``rows`` if given (at least the number of sentences), else the next power
@@ -246,8 +252,15 @@ def batch_inputs(sentences: Sequence[Sentence], config: ElmoConfig, *,
     elif rows < n:
         raise ValueError(f"rows={rows} is fewer than the {n} sentences")
     n_time = time_bucket(max(len(t) for t in token_lists))
-    ids = np.zeros((rows, n_time, config.char_cnn.max_characters_per_token), np.int32)
-    ids[:n] = chars.batch_to_ids(token_lists, config.char_cnn.max_characters_per_token, max_length=n_time)
+    token_ids = getattr(config, "token_ids", None)
+    config = getattr(config, "config", config)
+    if token_ids is None:
+        if config.vocab is not None:
+            raise ValueError("a vocabulary model's ids come from its .dic files: call batch_inputs(sentences, "
+                             "layer) with the ElmoLayer (or the Elmo), not its config")
+        token_ids = chars.ByteIds(config.char_cnn.max_characters_per_token)
+    ids = np.zeros((rows, n_time, config.token_id_width), np.int32)
+    ids[:n] = token_ids.batch_to_ids(token_lists, max_length=n_time)
     mask = np.zeros((rows, n_time), bool)
     for i, t in enumerate(token_lists):
         mask[i, : len(t)] = True

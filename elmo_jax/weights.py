@@ -11,6 +11,10 @@ direction ``d`` (0 forward, 1 backward) and LSTM layer ``l``)::
                                              .../B     [4H]       gates i, j, f, o
                                              .../W_P_0 [H, P]
 
+A vocabulary model (``config.vocab``, :mod:`elmo_jax.manylangs`) has ``char_embed``
+``[n_chars, D]``, ``word_embed [n_words, W]`` (no padding rows on disk) and
+``CNN_proj/W_proj [W + F, P]`` (word vector rows first).
+
 The forget-gate bias 1.0 is not stored (it is added at run time), so no conversion is
 needed for it; the padding row of the char table is prepended on load and dropped on save.
 Loading then saving gives the same datasets bit for bit.
@@ -43,7 +47,10 @@ def expected_shapes(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
     """Every dataset of the layout with its shape, for ``config``."""
     c, l = config.char_cnn, config.lstm
     f, p, h = c.n_filters, l.projection_dim, l.dim
-    shapes: dict[str, tuple[int, ...]] = {"char_embed": (chars.N_RAW_CHARS, c.embedding_dim)}
+    n_chars = chars.N_RAW_CHARS if config.vocab is None else config.vocab.n_chars
+    shapes: dict[str, tuple[int, ...]] = {"char_embed": (n_chars, c.embedding_dim)}
+    if config.word_dim:  # vocabulary models (config.vocab) only
+        shapes["word_embed"] = (config.vocab.n_words, config.word_dim)
     for i, (w, n) in enumerate(c.filters):
         shapes[f"CNN/W_cnn_{i}"] = (1, w, c.embedding_dim, n)
         shapes[f"CNN/b_cnn_{i}"] = (n,)
@@ -53,7 +60,7 @@ def expected_shapes(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
         for name in ("b_carry", "b_transform"):
             shapes[f"CNN_high_{k}/{name}"] = (f,)
     if config.has_char_projection:
-        shapes["CNN_proj/W_proj"] = (f, p)
+        shapes["CNN_proj/W_proj"] = (config.projection_input_dim, p)
         shapes["CNN_proj/b_proj"] = (p,)
     for d in range(2):
         for layer in range(l.n_layers):
@@ -68,6 +75,8 @@ def params_to_datasets(params: dict, config: ElmoConfig) -> dict[str, np.ndarray
     """The pytree as named float32 arrays in the HDF5 layout."""
     a = lambda x: np.asarray(x, dtype=np.float32)  # noqa: E731
     out: dict[str, np.ndarray] = {"char_embed": a(params["char_embed"])[1:]}
+    if "word_embed" in params:
+        out["word_embed"] = a(params["word_embed"])[1:]
     for i, conv in enumerate(params["cnn"]):
         out[f"CNN/W_cnn_{i}"] = a(conv["w"])[None]
         out[f"CNN/b_cnn_{i}"] = a(conv["b"])
@@ -108,6 +117,9 @@ def datasets_to_params(datasets: dict[str, np.ndarray], config: ElmoConfig) -> d
             for k in range(c.n_highway)
         ],
     }
+    if config.word_dim:
+        words = datasets["word_embed"]
+        params["word_embed"] = np.concatenate([np.zeros((1, words.shape[1]), np.float32), words], axis=0)
     if config.has_char_projection:
         params["proj"] = {"w": datasets["CNN_proj/W_proj"], "b": datasets["CNN_proj/b_proj"]}
     n_in = l.projection_dim
@@ -174,7 +186,7 @@ def load_weights(path: str | os.PathLike, config: ElmoConfig) -> dict:
                         f"does options.json describe this weight file?"
                     )
                 found = f[name].shape
-                if name == "char_embed" and found == (chars.N_CHARS, shape[1]):
+                if name == "char_embed" and config.vocab is None and found == (chars.N_CHARS, shape[1]):
                     # A table saved with its padding row: drop it, it is re-added below.
                     datasets[name] = np.asarray(f[name][1:], dtype=np.float32)
                     continue
@@ -204,7 +216,7 @@ def check_finite_weights(datasets: dict[str, np.ndarray], source: str) -> None:
                 f"exported with `elmo-jax export --step`, or a fresh copy of the file)")
 
 
-_LAYOUT_PREFIXES = ("char_embed", "CNN/", "CNN_high_", "CNN_proj/", "RNN_")
+_LAYOUT_PREFIXES = ("char_embed", "word_embed", "CNN/", "CNN_high_", "CNN_proj/", "RNN_")
 
 
 def _refuse_undescribed(f: h5py.File, path: str, expected: dict) -> None:

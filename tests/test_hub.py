@@ -39,6 +39,8 @@ class _Routes:
         self.hold: dict[str, threading.Event] = {}  # path -> the response waits for this event
         self.after_drop: dict[str, bytes] = {}  # path -> its new content once a GET was cut
         self.log: list[tuple[str, str | None]] = []  # (path, Range header) of every GET
+        self.announce_extra: dict[str, int] = {}  # path -> Content-Length says this many bytes more
+        self.pause_after: dict[str, tuple[int, threading.Event]] = {}  # path -> send n bytes, then wait
         self.lock = threading.Lock()
 
     def gets(self, path: str) -> list[str | None]:
@@ -66,10 +68,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         start = 0
         if rng and path not in routes.drop_always and self.headers.get("If-Range", etag) == etag:
             start = int(re.fullmatch(r"bytes=(\d+)-", rng).group(1))
+        if start and start >= len(body):
+            self.send_error(416, "Range Not Satisfiable")
+            return
         self.send_response(206 if start else 200)
         if start:
             self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
-        self.send_header("Content-Length", str(len(body) - start))
+        self.send_header("Content-Length", str(len(body) - start + routes.announce_extra.get(path, 0)))
         self.send_header("ETag", etag)
         self.end_headers()
         cut = routes.drop_always.get(path)
@@ -77,6 +82,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             with routes.lock:
                 cut = routes.drop_once.pop(path, None)
         payload = body[start:]
+        if path in routes.pause_after and start == 0:
+            n, event = routes.pause_after[path]
+            self.wfile.write(payload[:n])
+            self.wfile.flush()
+            event.wait(timeout=60)
+            payload = payload[n:]
         self.wfile.write(payload if cut is None else payload[:cut])
         if cut is not None and path in routes.after_drop:  # the file is replaced on the server
             routes.files[path] = routes.after_drop.pop(path)

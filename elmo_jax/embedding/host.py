@@ -92,7 +92,8 @@ class CallTokens:
     """The tokens of one call: each distinct token numbered once (``0`` is padding), every
     token position as its number (``flat``), and a char-id table built on first use."""
 
-    def __init__(self, token_lists: list[list[str]], n_chars: int):
+    def __init__(self, token_lists: list[list[str]], n_chars: int,
+                 to_ids: Callable[[list[str]], np.ndarray] | None = None):
         # A new token takes the next number (a C-level loop: 1.6x the speed of setdefault).
         index: dict[str, int] = collections.defaultdict(itertools.count(1).__next__)
         self.lengths = [len(t) for t in token_lists]
@@ -101,7 +102,9 @@ class CallTokens:
                                 count=total)
         self.starts = np.cumsum([0, *self.lengths])[:-1]
         self.words = list(index)  # number k is words[k - 1]
-        self.n_chars = n_chars
+        self.n_chars = n_chars  # ids per token (ElmoConfig.token_id_width)
+        # tokens -> ids [n, n_chars]: UTF-8 bytes by default, or a model's own (Elmo.token_ids)
+        self._to_ids = to_ids or (lambda words: chars.tokens_to_ids(words, n_chars))
         self._char_table: np.ndarray | None = None
 
     def numbers_BT(self, plan: GroupPlan) -> np.ndarray:
@@ -117,7 +120,7 @@ class CallTokens:
         if self._char_table is None:
             table = np.zeros((len(self.words) + 1, self.n_chars), np.int32)
             if self.words:
-                table[1:] = chars.tokens_to_ids(self.words, self.n_chars)
+                table[1:] = self._to_ids(self.words)
             self._char_table = table
         return self._char_table
 

@@ -51,15 +51,19 @@ def reverse_within_length(x_BT_: jax.Array, lengths_B: jax.Array) -> jax.Array:
     return jnp.take_along_axis(x_BT_, idx, axis=1)
 
 
-def marker_char_ids(n_chars: int) -> jax.Array:
-    """Char ids ``[2, C]`` of ``<S>`` and ``</S>``."""
+def marker_char_ids(config: ElmoConfig) -> jax.Array:
+    """Token ids ``[2, config.token_id_width]`` of ``<S>`` and ``</S>`` (a vocabulary
+    model's ``<bos>`` / ``<eos>``)."""
+    n_chars = config.char_cnn.max_characters_per_token
+    if config.vocab is not None:
+        return jnp.asarray(np.asarray(config.vocab.marker_rows(n_chars), np.int32))
     return jnp.asarray(np.stack([chars.token_to_ids(chars.BOS_TOKEN, n_chars),
                                  chars.token_to_ids(chars.EOS_TOKEN, n_chars)]))
 
 
 def marker_vectors(params: dict, config: ElmoConfig, dtype=jnp.float32) -> tuple[jax.Array, jax.Array]:
     """The context-free token vectors ``[P]`` of ``<S>`` and ``</S>``."""
-    e = encode_tokens(params, config, marker_char_ids(config.char_cnn.max_characters_per_token), dtype=dtype)
+    e = encode_tokens(params, config, marker_char_ids(config), dtype=dtype)
     return e[0], e[1]
 
 
@@ -105,7 +109,7 @@ def bilm(
     if markers is None:
         # The markers ride along in the same encoder pass: one read of its weights, not two
         # (for a single sentence that second pass was ~10 % of the time).
-        ids_NC = jnp.concatenate([ids_NC, marker_char_ids(n_chars)])
+        ids_NC = jnp.concatenate([ids_NC, marker_char_ids(config)])
     e_NP = encode_tokens(params, config, ids_NC, dtype=dtype)
     if markers is None:
         e_NP, markers = e_NP[:-2], (e_NP[-2], e_NP[-1])

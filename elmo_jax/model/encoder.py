@@ -3,12 +3,18 @@
 ``char ids [..., C] -> char embeddings [..., C, D] -> convolutions (VALID, bias) ->
 max over positions -> activation -> concat [..., F] -> highway x n -> projection [..., P]``
 
+A vocabulary model (``config.vocab``, e.g. ELMoForManyLangs) reads ``[word id, char ids]``
+(``[..., 1 + C]``); with a word table its word vector ``[..., W]`` is put in front of the
+highway output before the projection (``[W + F] -> [P]``).
+
 Parameters (a plain dict pytree, see :func:`init_encoder`)::
 
-    char_embed  [262, D]                 row 0 is the padding row (kept at zero)
+    char_embed  [262, D]                 row 0 is the padding row (kept at zero);
+                                         [n_chars + 1, D] for a vocabulary model
+    word_embed  [n_words + 1, W]         vocabulary models with a word table only; row 0 padding
     cnn         list of {w: [width, D, n], b: [n]}
     highway     list of {w_carry, w_transform: [F, F], b_carry, b_transform: [F]}
-    proj        {w: [F, P], b: [P]}  only when F != P
+    proj        {w: [W + F, P], b: [P]}  only when W + F != P
 """
 
 from __future__ import annotations
@@ -31,8 +37,9 @@ def init_encoder(key: jax.Array, config: ElmoConfig) -> dict:
     """Fresh encoder parameters, initialised as the reference trainer does."""
     c = config.char_cnn
     f = c.n_filters
-    keys = iter(jax.random.split(key, 3 + len(c.filters) + 2 * c.n_highway))
-    table = jax.random.uniform(next(keys), (chars.N_CHARS, c.embedding_dim), minval=-1.0, maxval=1.0)
+    keys = iter(jax.random.split(key, 3 + len(c.filters) + 2 * c.n_highway + (config.word_dim > 0)))
+    n_rows = chars.N_CHARS if config.vocab is None else c.n_characters
+    table = jax.random.uniform(next(keys), (n_rows, c.embedding_dim), minval=-1.0, maxval=1.0)
     table = table.at[0].set(0.0)
     cnn = []
     for width, n in c.filters:
@@ -54,8 +61,11 @@ def init_encoder(key: jax.Array, config: ElmoConfig) -> dict:
             }
         )
     params = {"char_embed": table, "cnn": cnn, "highway": highway}
+    if config.word_dim:
+        words = jax.random.uniform(next(keys), (config.vocab.n_words + 1, config.word_dim), minval=-0.25, maxval=0.25)
+        params["word_embed"] = words.at[0].set(0.0)
     if config.has_char_projection:
-        p = config.projection_dim
+        p, f = config.projection_dim, config.projection_input_dim
         params["proj"] = {
             "w": jax.random.normal(next(keys), (f, p)) * np.sqrt(1.0 / f),
             "b": jnp.zeros((p,)),
@@ -82,6 +92,8 @@ def encode_tokens(params: dict, config: ElmoConfig, char_ids: jax.Array, dtype=j
         raise ValueError(f"trim_levels must be char counts (integers), got {trim_levels!r}")
     lead = char_ids.shape[:-1]
     ids_NC = char_ids.reshape(-1, char_ids.shape[-1])
+    if config.vocab is not None:  # [word id, chars]: the word column is read after the highways
+        word_N, ids_NC = ids_NC[:, 0], ids_NC[:, 1:]
     chunk = cnn_chunk_tokens(ids_NC.shape[0])
     if chunk:
         # Tokens sorted by the chars they need, so that each chunk is trimmed to its own
@@ -101,6 +113,9 @@ def encode_tokens(params: dict, config: ElmoConfig, char_ids: jax.Array, dtype=j
         carry = jax.nn.sigmoid(_dense(hd, hw["w_carry"], dtype) + hw["b_carry"])
         transform = jax.nn.relu(_dense(hd, hw["w_transform"], dtype) + hw["b_transform"])
         h_NF = carry * transform + (1.0 - carry) * h_NF
+    if config.word_dim:
+        words_NW = jnp.asarray(params["word_embed"])[word_N] * (word_N > 0)[:, None]
+        h_NF = jnp.concatenate([words_NW.astype(h_NF.dtype), h_NF], axis=-1)
     if "proj" in params:
         h_NF = _dense(h_NF.astype(dtype), params["proj"]["w"], dtype) + params["proj"]["b"]
     return h_NF.reshape(*lead, h_NF.shape[-1])

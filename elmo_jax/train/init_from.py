@@ -168,6 +168,12 @@ def _from_model_folder(folder: str) -> Pretrained:
     from elmo_jax.embedder import Elmo
 
     elmo = Elmo.load(folder)
+    if elmo.config.vocab is not None:
+        raise TrainingError(
+            f"init_from {folder}: an ELMoForManyLangs model reads its tokens as char.dic / word.dic ids and "
+            f"has a word table, while pretraining here feeds UTF-8 byte ids to a char-CNN-only model, so its "
+            f"weights cannot continue training here; use it with Elmo.embed, ElmoLayer or elmo_jax.finetune, "
+            f"or pretrain a model of your own (train.py) on your corpus")
     bilm = jax.tree.map(lambda x: np.asarray(x, np.float32), elmo.params)
     softmax_path, vocab_path = os.path.join(folder, SOFTMAX_FILE), os.path.join(folder, VOCAB_FILE)
     if not os.path.exists(softmax_path):
