@@ -107,8 +107,8 @@ def _run_pictures(workdir: str, summary: dict) -> None:
     try:
         written = plot_run(workdir, params=summary["params"]["bilm"], model_config=summary["model_config"],
                            vocab_tokens=summary["vocab"].tokens)
-    except (USER_ERRORS, OSError) as e:
-        print(f"no pictures of this run: {e}")
+    except Exception as e:  # noqa: BLE001 - the run is done and saved; a picture never fails it
+        print(f"no pictures of this run ({type(e).__name__}: {e}); draw them later with  elmo-jax plot {workdir}")
         return
     print("pictures of this run: " + ", ".join(written))
 

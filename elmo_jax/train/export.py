@@ -113,8 +113,8 @@ def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) 
     try:
         meta = ckpts.read_meta(step)
         step = int(meta["step"]) if step is None else step
-        check_run_inputs(meta, ckpts.path(step), workdir, train_config.to_dict())  # vocab.txt, config.json
         check_vocabulary_size(meta, len(vocab), ckpts.path(step), os.path.join(workdir, "vocab.txt"))
+        check_run_inputs(meta, ckpts.path(step), workdir, train_config.to_dict())  # vocab.txt, config.json
         optimizer = make_optimizer(train_config.optimizer, train_config.learning_rate, train_config.initial_accumulator, train_config.clip_norm)
         template = jax.eval_shape(
             lambda: (init_train_state(jax.random.key(0), model_config, len(vocab), optimizer),
