@@ -24,7 +24,6 @@ removed however the script ends.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import shutil
 import signal
@@ -41,37 +40,13 @@ from elmo_jax.data.synthetic import load_corpus, write_corpus
 from elmo_jax.embedder import Elmo
 from elmo_jax.errors import USER_ERRORS
 from elmo_jax.finetune import accuracy, init_tagger, pad_labels, pad_layers, train_tagger
+from elmo_jax.train.stop import Stopped, raise_on_sigterm
 
 # Adam learning rates tried for each head; the best on the dev split is kept.
 LEARNING_RATES = (3e-2, 1e-2, 3e-3)
 # Tiny model for --quick: compiles and runs in seconds.
 MICRO = {"dim": 32, "projection_dim": 16, "embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]],
          "n_highway": 1, "max_characters_per_token": 16}
-
-
-class Stopped(BaseException):
-    """The user stopped the script (a signal; ``args[0]`` is its name).  A BaseException, as
-    KeyboardInterrupt is, so that no ``except Exception`` on the way swallows it."""
-
-
-@contextlib.contextmanager
-def stop_on_sigterm():
-    """SIGTERM raises :class:`Stopped`, as Ctrl-C raises KeyboardInterrupt, so that cleanup
-    runs (the default action kills the process on the spot).  The caller's handler is back
-    afterwards; outside the main thread (where no handler can be set) nothing changes."""
-
-    def handler(signum, frame):
-        raise Stopped(signal.Signals(signum).name)
-
-    try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:
-        yield
-        return
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def pretrain(workdir: str, corpus: str, quick: bool) -> Elmo:
@@ -117,7 +92,7 @@ def run_stoppable(script: str, args: argparse.Namespace, body: Callable[[str], i
     removed however the script ends.  Ctrl-C / SIGTERM stop it at once with one line on
     stderr and exit status 130 / 143 (128 + the signal); bad input (a missing or broken model
     folder, ...) is one line and exit status 2, as on the command line (``USER_ERRORS``)."""
-    with stop_on_sigterm():
+    with raise_on_sigterm():
         temporary = None
         try:
             if not args.workdir:
