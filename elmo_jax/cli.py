@@ -9,6 +9,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 
 from elmo_jax.config import COMPUTE_DTYPES
 from elmo_jax.errors import USER_ERRORS, ElmoError
@@ -50,22 +51,27 @@ def _train(args: argparse.Namespace) -> int:
         raise ValueError(f"unrecognised arguments: {' '.join(rest)}")
     if not _maybe_init_distributed(args):
         return _train_run(args, cfg)
-    # Multi-process: an error in this process must end it at once; a normal exit would wait
-    # in the runtime's shutdown barrier for peers that may be blocked waiting for this one.
-    # The peers are then stopped by the runtime (heartbeat timeout) or a failed collective.
+    return _run_in_process_group("train", lambda: _train_run(args, cfg))
+
+
+def _run_in_process_group(command: str, run: Callable[[], int]) -> int:
+    """``run()`` in one process of a multi-process job: an error in this process must end it
+    at once; a normal exit would wait in the runtime's shutdown barrier for peers that may be
+    blocked waiting for this one.  The peers are then stopped by the runtime (heartbeat
+    timeout) or a failed collective."""
     import jax
     import traceback
 
     try:
-        code = _train_run(args, cfg)
+        return run()
     except USER_ERRORS as e:
-        print(f"elmo-jax train (process {jax.process_index()}): error: {e}", file=sys.stderr)
+        print(f"elmo-jax {command} (process {jax.process_index()}): error: {e}", file=sys.stderr)
         _exit_now(2)
     except BaseException:
-        print(f"elmo-jax train (process {jax.process_index()}): failed:", file=sys.stderr)
+        print(f"elmo-jax {command} (process {jax.process_index()}): failed:", file=sys.stderr)
         traceback.print_exc()
         _exit_now(1)
-    return code
+    return 1  # not reached: _exit_now ends the process
 
 
 def _exit_now(code: int) -> None:
@@ -224,19 +230,7 @@ def _embed(args: argparse.Namespace) -> int:
         raise ValueError("--sentence-vectors writes its own layout (one row per sentence); drop --format")
     if not _maybe_init_distributed(args):
         return _embed_run(args)
-    import jax
-    import traceback
-
-    try:  # as in train: a failing process leaves at once, the runtime stops its peers
-        code = _embed_run(args)
-    except USER_ERRORS as e:
-        print(f"elmo-jax embed (process {jax.process_index()}): error: {e}", file=sys.stderr)
-        _exit_now(2)
-    except BaseException:
-        print(f"elmo-jax embed (process {jax.process_index()}): failed:", file=sys.stderr)
-        traceback.print_exc()
-        _exit_now(1)
-    return code
+    return _run_in_process_group("embed", lambda: _embed_run(args))
 
 
 def _embed_run(args: argparse.Namespace) -> int:
