@@ -236,9 +236,11 @@ def _embed(args: argparse.Namespace) -> int:
 def _embed_run(args: argparse.Namespace) -> int:
     from elmo_jax.embed_file import embed_file
     from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.devices import parse_devices
 
-    elmo = (Elmo.load(args.model, dtype=args.dtype) if args.model
-            else Elmo.random(args.preset, seed=args.seed, dtype=args.dtype))
+    devices = parse_devices(args.devices)
+    elmo = (Elmo.load(args.model, dtype=args.dtype, devices=devices) if args.model
+            else Elmo.random(args.preset, seed=args.seed, dtype=args.dtype, devices=devices))
     layout = "sentence_vectors" if args.sentence_vectors else (args.format or "allennlp")
     out = embed_file(elmo, args.input, args.output, args.layers, layout=layout, batch_size=args.batch_size,
                      group_lines=args.group_lines, max_tokens=args.max_tokens, overwrite=args.overwrite,
@@ -384,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     em.add_argument("--sentence-vectors", action="store_true",
                     help="write one vector per sentence (the mean over its tokens of the chosen layers) instead "
                          "of token vectors: dataset sentence_vectors [N, 2P]")
+    em.add_argument("--devices", default="all", metavar="all|N|id:I,J",
+                    help="the local devices to embed on: all of them (default), the first N, or those ids; "
+                         "rows of each group are split over them")
     em.add_argument("--group-lines", type=int, default=GROUP_LINES,
                     help=f"lines embedded, written and checkpointed at a time (default {GROUP_LINES}); memory "
                          f"holds about one group")

@@ -80,6 +80,30 @@ EMBED = textwrap.dedent(
         except (ValueError, TypeError) as e:
             errors.append(str(e))
     out["errors"] = errors
+    # The command line: every device by default, or those that --devices names.
+    import contextlib, io, os, tempfile
+    from elmo_jax import read_embeddings
+    from elmo_jax.cli import main
+    tmp = tempfile.mkdtemp()
+    src = os.path.join(tmp, "in.txt")
+    with open(src, "w", encoding="utf-8") as f:
+        f.write("\\n".join(s or "x" for s in sents) + "\\n")
+    cli = {}
+    for flag in ("all", "1", "id:1,%d" % (n - 1)):
+        dst, said = os.path.join(tmp, flag.replace(":", "_") + ".hdf5"), io.StringIO()
+        with contextlib.redirect_stdout(said):
+            rc = main(["embed", src, dst, "--top", "--preset", "tiny", "--seed", "3", "--no-progress",
+                       *(["--devices", flag] if flag != "all" else [])])
+        with read_embeddings(dst) as r:
+            cli[flag] = (rc, said.getvalue(), [np.asarray(r[i]) for i in range(len(r))])
+    out["cli_said"] = {k: v[1] for k, v in cli.items()}
+    out["cli_rc"] = [v[0] for v in cli.values()]
+    out["cli_diff"] = max(diff(cli["all"][2], v[2]) for v in cli.values())
+    cli_errors = io.StringIO()
+    with contextlib.redirect_stderr(cli_errors):
+        out["cli_bad_rc"] = [main(["embed", src, os.path.join(tmp, "bad.hdf5"), "--top", "--preset", "tiny",
+                                   "--devices", bad]) for bad in (str(n + 1), "id:%d" % n, "two")]
+    out["cli_errors"] = cli_errors.getvalue()
     print(json.dumps(out))
     """
 )
@@ -154,6 +178,13 @@ def test_every_device_gives_one_devices_results(devices):
     assert len(out["errors"]) == 4, out["errors"]
     assert f"give 1..{devices} or None" in out["errors"][0] and "holds no device" in out["errors"][2]
     assert "devices must be None" in out["errors"][3]
+    # elmo-jax embed --devices: every device by default, the same vectors on any of them.
+    assert out["cli_rc"] == [0, 0, 0] and out["cli_diff"] <= 1e-6, out
+    assert [f"on {k} device(s)" in said for k, said in zip((devices, 1, 2), out["cli_said"].values())] == [True] * 3
+    assert out["cli_bad_rc"] == [2, 2, 2], out["cli_errors"]
+    assert f"--devices {devices + 1}: this process has {devices} local cpu device(s); give 1..{devices}, or all" \
+        in out["cli_errors"] and f"no local device has id {devices}" in out["cli_errors"]
+    assert "--devices 'two': give 'all'" in out["cli_errors"]
 
 
 def test_task_model_shards_its_batch_over_the_elmo_devices():

@@ -16,11 +16,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jax
 import numpy as np
 import pytest
 
 from elmo_jax import Elmo, hub, manylangs
 from elmo_jax.torch_pickle import TorchFileError, load_state_dict
+from tests.conftest import assert_close_across_programs
 
 DATA = Path(__file__).parent / "data" / "manylangs"
 SENTENCES = json.loads((DATA / "sentences.json").read_text(encoding="utf-8"))
@@ -218,7 +220,12 @@ def test_every_layers_mode_the_token_cache_and_save(loaded, tmp_path):
     elmo.save(tmp_path / "saved")
     assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == ["char.dic", "options.json", "weights.hdf5",
                                                                        "word.dic"]
-    np.testing.assert_array_equal(Elmo.load(tmp_path / "saved").embed(sentences[:1])[0], full[0])
+    again = Elmo.load(tmp_path / "saved")
+    # Saving is lossless (the same weights, bit for bit); the reloaded model's own compiled
+    # program agrees to rounding (a batch of 1 is another program than the batch of 4 above).
+    for a, b in zip(jax.tree.leaves(again.params), jax.tree.leaves(elmo.params)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert_close_across_programs(again.embed(sentences[:1])[0], full[0])
 
 
 def test_the_nnx_layer(loaded):

@@ -46,6 +46,34 @@ def resolve_devices(devices: Devices) -> list[jax.Device]:
     return out
 
 
+def parse_devices(text: str) -> Devices:
+    """The command line's ``--devices``: ``all`` (every local device), a count ``N`` (the
+    first ``N``) or ``id:I,J,...`` (those local devices, by ``jax.Device.id``)."""
+    text = text.strip()
+    if text == "all":
+        return None
+    if text.isdigit():
+        n, local = int(text), jax.local_devices()
+        if not 1 <= n <= len(local):  # checked now, before a model is loaded
+            raise ValueError(f"--devices {n}: this process has {len(local)} local {local[0].platform} "
+                             f"device(s); give 1..{len(local)}, or all")
+        return n
+    if text.startswith("id:"):
+        try:
+            ids = [int(i) for i in text[3:].split(",") if i.strip()]
+        except ValueError:
+            ids = []
+        local = {d.id: d for d in jax.local_devices()}
+        missing = [i for i in ids if i not in local]
+        if ids and not missing:
+            return [local[i] for i in ids]
+        if missing:
+            raise ValueError(f"--devices {text}: no local device has id {missing[0]}; this process's "
+                             f"devices are {sorted(local)}")
+    raise ValueError(f"--devices {text!r}: give 'all' (every local device), a count such as 4, or device "
+                     f"ids such as id:0,2")
+
+
 def rows_sharding(mesh: Mesh, ndim: int, axis: int) -> NamedSharding:
     """Arrays of ``ndim`` dimensions split along ``axis`` over the 1-D ``mesh``."""
     spec = [None] * ndim
