@@ -4,6 +4,7 @@
     python .ci/readme_check.py            # what CI runs (.ci/run, after the tests)
     python .ci/readme_check.py --quick    # the main job capped at --config.max_steps=100 (a local smoke run)
     python .ci/readme_check.py --list     # which blocks would run, which are skipped and why
+    python .ci/readme_check.py --verbose  # and print every block's output
 
 The clone is made from this checkout's HEAD (``git clone``), so only committed text is
 checked.  ```` ```bash ```` blocks run with ``bash -e -o pipefail`` in the clone's root,
@@ -150,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"cap the main job (`python train.py`) at --config.max_steps={QUICK_STEPS}")
     ap.add_argument("--list", action="store_true", help="list the blocks and what would happen to each")
     ap.add_argument("--keep", action="store_true", help="keep the clone (its path is printed)")
+    ap.add_argument("--verbose", action="store_true", help="print every block's output, not only a failed one's")
     args = ap.parse_args(argv)
     with open(args.readme, encoding="utf-8") as f:
         blocks = parse_blocks(f.read())
@@ -178,6 +180,8 @@ def main(argv: list[str] | None = None) -> int:
                 code, output, seconds = run_block(b, clone, env, args.quick)
             except subprocess.TimeoutExpired:
                 code, output, seconds = -1, f"(no end after {BLOCK_TIMEOUT_S} s)", float(BLOCK_TIMEOUT_S)
+            if args.verbose:
+                print("\n".join("    " + s for s in output.rstrip().split("\n")), flush=True)
             if code == 0:
                 print(f"line {b.line}: ok in {seconds:.0f} s", flush=True)
                 continue
