@@ -59,6 +59,11 @@ def split_sentences(n: int, test_fraction: float = 0.5, seed: int = 0) -> np.nda
     return is_test
 
 
+# Cosine similarities closer than this to a row's best are a tie (float32 rounding of a
+# unit-vector dot product is ~1e-7).
+TIE_TOLERANCE = 1e-5
+
+
 def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
@@ -95,7 +100,11 @@ def wsd_nearest_neighbour(vectors: np.ndarray, senses: Sequence[str], is_test: n
         if len(te) == 0 or len(tr) == 0:
             continue
         sims = unit[te] @ unit[tr].T
-        nearest = tr[np.argmax(sims, axis=1)]
+        # Ties go to the first training row: equal vectors (every occurrence of a word in a
+        # context-free layer) have similarities that differ only by the matmul's rounding,
+        # which moves with the CPU's vector code, so an exact argmax would pick by noise.
+        near_best = sims >= sims.max(axis=1, keepdims=True) - TIE_TOLERANCE
+        nearest = tr[np.argmax(near_best, axis=1)]
         pred[te] = [senses[j] == senses[i] for i, j in zip(te, nearest)]
         counts = Counter(senses[j] for j in tr)
         majority = min(counts, key=lambda s: (-counts[s], s))

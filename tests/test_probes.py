@@ -68,6 +68,24 @@ def test_nearest_neighbour_only_looks_at_the_same_word():
     assert out["majority"] == 0.0 or out["majority"] == 1.0
 
 
+def test_equal_vectors_tie_to_the_first_training_row_whatever_the_rounding():
+    # A context-free layer: every occurrence of "w" has the same vector, so the similarities
+    # differ only by rounding (which moves with the CPU's vector code).  Whatever that noise,
+    # the first training row (sense a) is the neighbour: 2 of the 3 test rows are right.
+    base = np.tile(np.random.default_rng(0).normal(size=(1, 16)).astype(np.float32), (8, 1))
+    senses = ["w#a", "w#a", "w#b", "w#a", "w#b", "w#a", "w#b", "w#b"]
+    is_test = np.array([0, 0, 0, 0, 0, 1, 1, 1], dtype=bool)
+    for seed in range(5):
+        noise = np.random.default_rng(seed).normal(scale=1e-7, size=base.shape).astype(np.float32)
+        out = P.wsd_nearest_neighbour(base + noise, senses, is_test)
+        assert out["acc"] == pytest.approx(1 / 3), seed
+    # Real differences beyond the tie tolerance still decide.
+    moved = base.copy()
+    moved[4] += 0.5 * np.abs(base[4]).max()
+    moved[6:] = moved[4]
+    assert P.wsd_nearest_neighbour(moved, senses, is_test)["acc"] == 1.0  # 6, 7 find row 4 (b)
+
+
 def test_majority_baseline_and_sides():
     senses = ["w#a"] * 6 + ["w#b"] * 2 + ["v#a", "v#b", "v#b", "v#b"]
     sides = ["left"] * 8 + ["right"] * 4
