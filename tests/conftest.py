@@ -37,6 +37,25 @@ def require_fixtures() -> Path:
     return BILM_FIXTURES
 
 
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """A random ``tiny`` model (seed 5) saved as options.json + weights.hdf5, one per test
+    module; a module that wants another model defines its own ``model_dir``."""
+    from elmo_jax import Elmo
+
+    d = tmp_path_factory.mktemp("model")
+    Elmo.random("tiny", seed=5).save(d)
+    return d
+
+
+@pytest.fixture(scope="module")
+def elmo(model_dir):
+    """``model_dir``'s model, loaded (a module that wants another defines its own ``elmo``)."""
+    from elmo_jax import Elmo
+
+    return Elmo.load(model_dir)
+
+
 @pytest.fixture
 def bilm_fixtures() -> Path:
     return require_fixtures()
@@ -46,18 +65,28 @@ _CACHE_FOLDER = pytest.StashKey[str]()
 
 
 def pytest_configure(config):
-    """One compilation cache for this test session (a fresh folder each session, so CI times
-    stay cold-start honest): many tests build the same tiny programs, and each pytest-xdist
-    worker compiles each once.  Subprocesses started by tests do not inherit it."""
+    """One compilation cache for this test session, shared by its pytest-xdist workers (a
+    fresh folder each session, so CI times stay cold-start honest): many tests build the
+    same tiny programs, and a program one worker compiled the other loads.  Subprocesses
+    started by tests do not inherit it."""
     import tempfile
 
     import jax
 
-    folder = tempfile.mkdtemp(prefix="elmo-jax-test-xla-cache-")
-    config.stash[_CACHE_FOLDER] = folder
+    worker = getattr(config, "workerinput", None)
+    if worker is not None and worker.get("elmo_jax_xla_cache"):
+        folder = worker["elmo_jax_xla_cache"]  # the controller's; it removes it at the end
+    else:
+        folder = tempfile.mkdtemp(prefix="elmo-jax-test-xla-cache-")
+        config.stash[_CACHE_FOLDER] = folder
     jax.config.update("jax_compilation_cache_dir", folder)
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+
+def pytest_configure_node(node):
+    """pytest-xdist: each worker gets the controller's cache folder."""
+    node.workerinput["elmo_jax_xla_cache"] = node.config.stash.get(_CACHE_FOLDER, "")
 
 
 def pytest_unconfigure(config):
@@ -66,6 +95,18 @@ def pytest_unconfigure(config):
     folder = config.stash.get(_CACHE_FOLDER, None)
     if folder:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def unmount(folder) -> None:
+    """Unmount a test's tmpfs: memory maps that only a reference cycle still holds (a failed
+    run's traceback) are released first, and a mount still busy is detached lazily, so that
+    no test leaves a mount behind."""
+    import gc
+    import subprocess
+
+    gc.collect()
+    if subprocess.run(["umount", str(folder)], capture_output=True).returncode != 0:
+        subprocess.run(["umount", "-l", str(folder)], capture_output=True)
 
 
 def wait_for(what: str, ready, procs=(), timeout_s: float = 900.0) -> None:

@@ -15,18 +15,6 @@ from tests.conftest import assert_close_across_programs
 LINES = ["the bank of the river", "她 去 银行 取钱", "", "a", "the bank of the river"]
 
 
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("model")
-    Elmo.random("tiny", seed=5).save(d)
-    return d
-
-
-@pytest.fixture(scope="module")
-def elmo(model_dir):
-    return Elmo.load(model_dir)
-
-
 def _write(path, lines):
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return path

@@ -25,6 +25,7 @@ import pytest
 from elmo_jax import Elmo, embed_layouts, read_embeddings
 from elmo_jax.cli import main
 from elmo_jax.embed_file import EmbedStopped, embed_file
+from tests.conftest import unmount
 
 REPO = Path(__file__).resolve().parents[1]
 N_LINES = 96
@@ -35,18 +36,6 @@ def _lines(n=N_LINES, seed=0):
     rng = np.random.default_rng(seed)
     words = ["the", "bank", "river", "money", "she", "went", "to", "a", "of", "银行", "取钱", "去"]
     return [" ".join(rng.choice(words, size=rng.integers(1, 7))) for _ in range(n)]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("model")
-    Elmo.random("tiny", seed=5).save(d)
-    return d
-
-
-@pytest.fixture(scope="module")
-def elmo(model_dir):
-    return Elmo.load(model_dir)
 
 
 @pytest.fixture(scope="module")
@@ -381,7 +370,7 @@ def small_disk(tmp_path):
     try:
         yield folder
     finally:
-        subprocess.run(["umount", str(folder)], check=False)
+        unmount(folder)
 
 
 def test_a_real_full_disk_keeps_the_partial_output_and_resumes(elmo, src, reference, small_disk, monkeypatch):

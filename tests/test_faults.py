@@ -21,7 +21,7 @@ from elmo_jax.embed_file import embed_file
 from elmo_jax.errors import ElmoError
 from elmo_jax.weights import WeightFileError, datasets_to_params, expected_shapes
 
-from tests.conftest import REPO
+from tests.conftest import REPO, unmount
 
 # A model that compiles in a second or two; 16 chars per token, so at most 14 bytes of a word.
 MICRO = {"dim": 16, "projection_dim": 8, "embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]],
@@ -453,7 +453,7 @@ def test_a_real_full_disk_on_a_small_tmpfs(reference_run, tmp_path):
             train(cfg.replace(max_steps=60, checkpoint_every=3), str(mnt / "run"), progress=False)
         assert not [p for p in (mnt / "run" / "checkpoints").iterdir() if p.name.endswith("-tmp")]
     finally:
-        subprocess.run(["umount", str(mnt)], capture_output=True)
+        unmount(mnt)
 
 
 def test_a_workdir_that_is_a_file_is_named_and_a_failed_start_leaves_no_skeleton(tmp_path):

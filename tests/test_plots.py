@@ -1,7 +1,6 @@
 """elmo_jax.plots and elmo_jax.run_plots: PNGs from a run's own files (Agg, no display)."""
 
 import json
-import os
 
 import numpy as np
 import pytest
