@@ -21,6 +21,43 @@ def vector_extensions(flags: str) -> list[str]:
     return sorted({f.lower() for f in flags.split() if f.lower().startswith(VECTOR_PREFIXES)})
 
 
+def amd_core(family: int, model: int) -> str | None:
+    """The AMD core generation of an x86 ``cpu family`` / ``model`` (``/proc/cpuinfo``), where
+    known: the model name ("AMD EPYC") alone does not tell Zen 3 from Zen 4 or Zen 5, whose
+    vector code differs (AVX2 only; AVX-512; AVX-512 with VP2INTERSECT)."""
+    if family == 0x19:
+        if 0x10 <= model <= 0x1F or 0x60 <= model <= 0x7F or 0xA0 <= model <= 0xAF:
+            return "Zen 4"
+        return "Zen 3"
+    if family == 0x1A:
+        return "Zen 5"
+    if family == 0x17:
+        return "Zen 2" if model >= 0x30 else "Zen 1"
+    return None
+
+
+def cpu_family_and_model() -> tuple[int | None, int | None, str]:
+    """``(cpu family, model, vendor_id)`` from ``/proc/cpuinfo`` (``None`` where absent)."""
+    family = model = None
+    vendor = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                key, value = key.strip(), value.strip()
+                if key == "cpu family" and family is None:
+                    family = int(value)
+                elif key == "model" and model is None and value.isdigit():
+                    model = int(value)
+                elif key == "vendor_id" and not vendor:
+                    vendor = value
+                elif not key and family is not None:
+                    break  # the first processor's block is enough
+    except (OSError, ValueError):
+        pass
+    return family, model, vendor
+
+
 def cpu_model_and_flags() -> tuple[str, str]:
     """The CPU's model name and its feature flags, or ``("?", "")`` where neither is found."""
     try:
@@ -47,9 +84,13 @@ def cpu_model_and_flags() -> tuple[str, str]:
 
 
 def cpu_summary(info: dict) -> str:
-    """``"AMD EPYC 7B13 (avx avx2 f16c fma)"``: the header's words for the CPU."""
+    """``"AMD EPYC, Zen 3 (family 25 model 1) (avx avx2 f16c fma)"``: the header's words for the CPU."""
     ext = info.get("vector_extensions")
-    return f"{info.get('cpu_model', '?')} ({' '.join(ext) if ext else 'vector extensions unknown'})"
+    where = ""
+    if info.get("cpu_family") is not None:
+        core = f"{info['cpu_core']} " if info.get("cpu_core") else ""
+        where = f", {core}(family {info['cpu_family']} model {info.get('cpu_model_number')})"
+    return f"{info.get('cpu_model', '?')}{where} ({' '.join(ext) if ext else 'vector extensions unknown'})"
 
 
 def machine_info() -> dict:
@@ -60,6 +101,10 @@ def machine_info() -> dict:
             "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
             "cpu_count": os.cpu_count(), "cpu_model": model, "machine": platform.machine(),
             "vector_extensions": vector_extensions(flags)}
+    family, number, vendor = cpu_family_and_model()
+    if family is not None:
+        info.update(cpu_family=family, cpu_model_number=number,
+                    cpu_core=amd_core(family, number or 0) if vendor == "AuthenticAMD" else None)
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
             k, _, v = line.partition(":")

@@ -95,5 +95,10 @@ def test_benchmark_results_record_the_cpus_vector_extensions():
     if platform.machine() == "x86_64" and Path("/proc/cpuinfo").exists():
         assert "avx" in info["vector_extensions"]  # every x86-64 CPU this project runs on
     assert info["cpu_model"] in machine.cpu_summary(info)
+    # "AMD EPYC" alone does not say which core: Zen 3 is AVX2 only, Zen 4 and Zen 5 AVX-512.
+    assert [machine.amd_core(25, 1), machine.amd_core(25, 0x11), machine.amd_core(25, 0xA0),
+            machine.amd_core(26, 2), machine.amd_core(6, 143)] == ["Zen 3", "Zen 4", "Zen 4", "Zen 5", None]
+    if info.get("cpu_core"):
+        assert f"{info['cpu_core']} (family {info['cpu_family']} model" in machine.cpu_summary(info)
     for script in ("run.py", "data.py", "step_skip.py", "fixture_agreement.py"):
         assert "machine_info" in (REPO / "benchmarks" / script).read_text(encoding="utf-8"), script
