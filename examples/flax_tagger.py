@@ -16,8 +16,9 @@ no optimizer state.  Batches run the biLM inside the jitted step (char ids in, p
 
 It prints the tagger's dev and held-out accuracy beside the ``elmo_jax.finetune`` heads
 (ScalarMix and the 5-component head, each at its best learning rate on the same dev split)
-and the number of trainable and frozen parameters.  Default run: about 4 minutes of CPU
-time on 2 AMD EPYC cores, most of it the pretraining (README, "ELMo inside a Flax model").
+and the number of trainable and frozen parameters.  Default run: 96 s on an idle 2-core
+AMD EPYC Zen 5, half of it the pretraining (47 s given a trained model; ``--quick`` 18-25 s;
+README, "Fine-tune a task head").
 """
 
 from __future__ import annotations
