@@ -27,10 +27,9 @@ on a dead or stuck worker).  An exception in a worker is raised in the consumer'
 
 from __future__ import annotations
 
-import queue
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import CancelledError, Future
 from concurrent.futures.process import BrokenProcessPool
 
@@ -40,6 +39,7 @@ from elmo_jax.data.workers import (
     DataWorkerError, describe_dead, pool_failure, start_pool, stop_pool, worker_statuses,
 )
 from elmo_jax.errors import ElmoError
+from elmo_jax.lookahead import LookAheadThreadDied, ahead
 
 __all__ = ["BatchPipeline", "DataWorkerError", "MAX_REPLACEMENTS", "WorkerChunks"]
 
@@ -186,7 +186,8 @@ class WorkerChunks:
 
 
 class BatchPipeline:
-    """Builds ``batcher``'s batches in a background thread, ``depth`` ahead of ``next``.
+    """Builds ``batcher``'s batches in a background thread (:func:`elmo_jax.lookahead.ahead`),
+    ``depth`` ahead of ``next``.
 
     The thread is the only user of the batcher's streams while it runs; ``set_state`` stops
     it first.  It starts on the first ``next``.
@@ -196,82 +197,52 @@ class BatchPipeline:
         self._batcher = batcher
         self._depth = max(1, int(depth))
         self._state = None  # snapshot after the last batch handed out; None: ask the batcher
-        self._thread: threading.Thread | None = None
-        self._queue: queue.Queue | None = None
-        self._stop: threading.Event | None = None
+        self._built: Iterator | None = None  # (batch, snapshot after it) pairs, from the thread
         self._ended = False
 
     # -- thread ------------------------------------------------------------------------
-    def _start(self) -> None:
-        if self._state is None:
-            self._state = self._batcher._snapshot()
-        self._queue = queue.Queue(self._depth)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(self._queue, self._stop),
-                                        name="elmo-jax-batches", daemon=True)
-        self._thread.start()
-
-    def _run(self, out: queue.Queue, stop: threading.Event) -> None:
-        def put(item) -> bool:
-            while not stop.is_set():
-                try:
-                    out.put(item, timeout=0.1)
-                    return True
-                except queue.Full:
-                    continue
-            return False
-
+    def _batches(self) -> Iterator:
+        """Runs in the thread: each batch with the batcher's state right after it, then
+        ``(None, final state)`` at the end of the data."""
         b = self._batcher
-        while not stop.is_set():
+        while True:
             try:
                 batch = b._build_next()
             except StopIteration:
-                put(("end", None, b._snapshot()))
+                yield None, b._snapshot()
                 return
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer
-                put(("error", e, None))
-                return
-            if not put(("batch", batch, b._snapshot())):
-                return
+            yield batch, b._snapshot()
 
     def _stop_thread(self) -> None:
-        if self._thread is None:
-            return
-        self._stop.set()
-        while self._thread.is_alive():
-            try:  # unblock a put; drop what was built ahead
-                while True:
-                    self._queue.get_nowait()
-            except queue.Empty:
-                pass
-            self._thread.join(timeout=0.05)
-        self._thread = None
-        self._queue = None
+        if self._built is not None:
+            self._built.close()  # the thread stops; what it built ahead is dropped
+            self._built = None
 
     # -- consumer side -----------------------------------------------------------------
     def next(self) -> dict:
         if self._ended:
             raise StopIteration
-        if self._thread is None:
-            self._start()
-        while True:
-            try:
-                kind, value, state = self._queue.get(timeout=1.0)
-                break
-            except queue.Empty:
-                if not self._thread.is_alive():
-                    raise DataWorkerError("the batch-assembly thread stopped without a batch or an error") from None
-        if kind == "batch":
-            self._state = state
-            return value
-        self._stop_thread()
-        if kind == "end":
-            self._state = state
+        if self._built is None:
+            if self._state is None:
+                self._state = self._batcher._snapshot()
+            self._built = ahead(self._batches(), self._depth, name="elmo-jax-batches")
+        try:
+            batch, state = next(self._built)
+        except ElmoError:
+            self._stop_thread()
+            raise
+        except LookAheadThreadDied as e:
+            self._stop_thread()
+            raise DataWorkerError("the batch-assembly thread stopped without a batch or an error") from e
+        except Exception as e:  # the thread's error, named (a Ctrl-C / SIGTERM in this thread passes)
+            self._stop_thread()
+            raise DataWorkerError(f"building a batch failed: {_describe(e)}") from e
+        self._state = state
+        if batch is None:
+            self._stop_thread()
             self._ended = True
             raise StopIteration
-        if isinstance(value, ElmoError):
-            raise value
-        raise DataWorkerError(f"building a batch failed: {_describe(value)}") from value
+        return batch
 
     def state(self) -> dict:
         if self._state is None:

@@ -1,7 +1,7 @@
 """The host's side of embedding: sentences -> token lists -> padded groups of char ids.
 
 Everything here is numpy and plain Python (no device work), so it can run in a thread ahead
-of the device (:func:`ahead`):
+of the device (:func:`maybe_ahead`, through :func:`elmo_jax.lookahead.ahead`):
 
 * :func:`sentence_list` / :func:`token_lists`: ``embed``'s argument checked and tokenised;
 * :func:`plan_groups`: which sentences share a padded group (sorted by length, cut per time
@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import collections
 import itertools
-import queue
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from elmo_jax import chars
 from elmo_jax.embedding.buckets import row_bucket, round_to_devices, time_bucket
+from elmo_jax.lookahead import ahead
 
 Sentence = str | Sequence[str]
 
@@ -173,53 +172,9 @@ def prepare_group(tokens: CallTokens, plan: GroupPlan, cache: CacheRows | None) 
     return Group(plan, lengths, cache_rows_RT=rows, extra_words=extra)
 
 
-_END = object()
-
-
-def ahead(items: Iterable, depth: int) -> Iterator:
-    """``items``, computed in a background thread up to ``depth`` items ahead of the consumer
-    (the consumer's device work then overlaps the host work).  An exception in the thread is
-    raised at the consumer's next item; closing the generator stops the thread."""
-    out: queue.Queue = queue.Queue(max(1, depth))
-    stop = threading.Event()
-
-    def put(item) -> bool:
-        while not stop.is_set():
-            try:
-                out.put(item, timeout=0.1)
-                return True
-            except queue.Full:
-                continue
-        return False
-
-    def run() -> None:
-        try:
-            for item in items:
-                if not put((item, None)):
-                    return
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            put((_END, e))
-            return
-        put((_END, None))
-
-    thread = threading.Thread(target=run, name="elmo-jax-embed-host", daemon=True)
-    thread.start()
-    try:
-        while True:
-            item, error = out.get()
-            if item is _END:
-                if error is not None:
-                    raise error
-                return
-            yield item
-    finally:
-        stop.set()
-        thread.join()
-
-
 def maybe_ahead(items: Sequence, make: Callable, depth: int) -> Iterator:
     """``make(x)`` for each ``x`` of ``items``: in a thread :func:`ahead` of the consumer
     when there is more than one, inline otherwise (a thread buys nothing for one group)."""
     if len(items) <= 1:
         return (make(x) for x in items)
-    return ahead((make(x) for x in items), depth)
+    return ahead((make(x) for x in items), depth, name="elmo-jax-embed-host")
