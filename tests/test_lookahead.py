@@ -15,16 +15,16 @@ def _threads(name):
     return [t for t in threading.enumerate() if t.name == name and t.is_alive()]
 
 
+def _counted(n, made):
+    """0..n-1, each appended to ``made`` as the producer makes it."""
+    for i in range(n):
+        made.append(i)
+        yield i
+
+
 def test_items_in_order_never_more_than_depth_ahead():
-    made = []
-
-    def items():
-        for i in range(20):
-            made.append(i)
-            yield i
-
-    got = []
-    for item in ahead(items(), depth=3, name="t-order"):
+    made, got = [], []
+    for item in ahead(_counted(20, made), depth=3, name="t-order"):
         time.sleep(0.01)  # a slow consumer: the thread fills the queue and waits
         # consumed item + the queue's 3 + the one the thread holds while the queue is full
         assert len(made) - len(got) <= 3 + 2, (len(made), len(got))
@@ -48,13 +48,7 @@ def test_an_error_is_raised_at_the_consumer_in_its_place():
 
 def test_closing_stops_the_thread_and_what_was_ahead_is_dropped():
     made = []
-
-    def items():
-        for i in range(10_000):
-            made.append(i)
-            yield i
-
-    gen = ahead(items(), depth=2, name="t-close")
+    gen = ahead(_counted(10_000, made), depth=2, name="t-close")
     assert next(gen) == 0
     time.sleep(0.05)
     gen.close()
