@@ -71,7 +71,7 @@ def test_nearest_neighbour_only_looks_at_the_same_word():
 def test_equal_vectors_tie_to_the_first_training_row_whatever_the_rounding():
     # A context-free layer: every occurrence of "w" has the same vector, so the similarities
     # differ only by rounding (which moves with the CPU's vector code).  Whatever that noise,
-    # the first training row (sense a) is the neighbour: 2 of the 3 test rows are right.
+    # the first training row (sense a) is the neighbour: of the 3 test rows, only the "a" one is right.
     base = np.tile(np.random.default_rng(0).normal(size=(1, 16)).astype(np.float32), (8, 1))
     senses = ["w#a", "w#a", "w#b", "w#a", "w#b", "w#a", "w#b", "w#b"]
     is_test = np.array([0, 0, 0, 0, 0, 1, 1, 1], dtype=bool)
