@@ -102,8 +102,9 @@ EMBED = textwrap.dedent(
     cli_errors = io.StringIO()
     with contextlib.redirect_stderr(cli_errors):
         out["cli_bad_rc"] = [main(["embed", src, os.path.join(tmp, "bad.hdf5"), "--top", "--preset", "tiny",
-                                   "--devices", bad]) for bad in (str(n + 1), "id:%d" % n, "two")]
+                                   "--devices", bad]) for bad in (str(n + 1), "id:%d" % n, "two", "id:1,1")]
     out["cli_errors"] = cli_errors.getvalue()
+    out["cli_bad_left"] = sorted(p for p in os.listdir(tmp) if p.startswith("bad"))
     print(json.dumps(out))
     """
 )
@@ -181,10 +182,11 @@ def test_every_device_gives_one_devices_results(devices):
     # elmo-jax embed --devices: every device by default, the same vectors on any of them.
     assert out["cli_rc"] == [0, 0, 0] and out["cli_diff"] <= 1e-6, out
     assert [f"on {k} device(s)" in said for k, said in zip((devices, 1, 2), out["cli_said"].values())] == [True] * 3
-    assert out["cli_bad_rc"] == [2, 2, 2], out["cli_errors"]
+    assert out["cli_bad_rc"] == [2, 2, 2, 2] and out["cli_bad_left"] == [], (out["cli_errors"], out["cli_bad_left"])
     assert f"--devices {devices + 1}: this process has {devices} local cpu device(s); give 1..{devices}, or all" \
         in out["cli_errors"] and f"no local device has id {devices}" in out["cli_errors"]
     assert "--devices 'two': give 'all'" in out["cli_errors"]
+    assert "--devices id:1,1: a device id is listed twice" in out["cli_errors"]
 
 
 def test_task_model_shards_its_batch_over_the_elmo_devices():

@@ -65,6 +65,8 @@ def parse_devices(text: str) -> Devices:
             ids = []
         local = {d.id: d for d in jax.local_devices()}
         missing = [i for i in ids if i not in local]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"--devices {text}: a device id is listed twice; give each once")
         if ids and not missing:
             return [local[i] for i in ids]
         if missing:
