@@ -134,7 +134,14 @@ def _processes(pool: ProcessPoolExecutor) -> list:
 
 def worker_statuses(pool: ProcessPoolExecutor) -> list[tuple[int, int | None]]:
     """``(pid, exit status)`` of each worker the pool started (None: still running;
-    ``-N``: killed by signal ``N``)."""
+    ``-N``: killed by signal ``N``).
+
+    A broken pool's manager thread is joining its workers at that moment; each worker's exit
+    status is one message on a pipe that only one reader gets, and a second reader at the same
+    moment would record 255 for it.  So this waits (bounded) for that thread to finish first."""
+    manager = getattr(pool, "_executor_manager_thread", None)
+    if getattr(pool, "_broken", False) and manager is not None and manager is not threading.current_thread():
+        manager.join(timeout=_STOP_WAIT_S)
     return [(p.pid, p.exitcode) for p in _processes(pool)]
 
 
