@@ -12,7 +12,6 @@ import subprocess
 import sys
 import tarfile
 import threading
-import time
 import urllib.parse
 import zipfile
 from pathlib import Path
@@ -21,7 +20,7 @@ import h5py
 import numpy as np
 import pytest
 
-from tests.conftest import REPO, require_fixtures
+from tests.conftest import REPO, require_fixtures, wait_for
 from elmo_jax import Elmo, hub
 from elmo_jax.cli import main
 from elmo_jax.config import ElmoConfig
@@ -460,7 +459,7 @@ def test_two_processes_fetching_one_model_download_it_once(server, tiny, home):
 
     first = start()
     try:
-        _wait_for(lambda: server.routes.gets("/race/weights.hdf5"), "the first process's weights request")
+        wait_for("the first process's weights request", lambda: server.routes.gets("/race/weights.hdf5"))
         second = start()
         try:
             assert second.stdout.readline() == "ready\n"
@@ -488,11 +487,3 @@ def test_two_processes_fetching_one_model_download_it_once(server, tiny, home):
     assert [len(server.routes.gets(f"/race/{n}")) for n in ("options.json", "weights.hdf5")] == [1, 1]
     assert hub.verify_entry(entry)["sha256"]["weights.hdf5"] == _sha(tiny["weights.hdf5"])
     assert _entries(home) == [entry.name]
-
-
-def _wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)

@@ -15,18 +15,10 @@ import pytest
 
 from elmo_jax import Elmo, hub, manylangs
 from elmo_jax.cli import main
+from tests.conftest import wait_for
 from tests.test_hub import _entries, _serve, _sha, _tiny_model, home, server, tiny  # noqa: F401 - fixtures
 
 MANYLANGS = Path(__file__).parent / "data" / "manylangs"
-
-
-def _wait_for(condition, what: str, timeout_s: float = 60.0) -> None:
-    event = threading.Event()
-    for _ in range(int(timeout_s * 20)):
-        if condition():
-            return
-        event.wait(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_a_bilm_tf_folder_loads_from_its_urls(server, tiny, home):
@@ -180,7 +172,7 @@ def test_the_body_arrives_in_small_chunks(server, tiny, home):
     try:
         part = hub.partial_dir(home / "models", hub.model_source(url).key) / "weights.hdf5.part"
         # the first 3000 bytes are on disk while the server still holds the rest back
-        _wait_for(lambda: part.exists() and part.stat().st_size == 3000, "the first bytes of a paused body")
+        wait_for("the first bytes of a paused body", lambda: part.exists() and part.stat().st_size == 3000)
     finally:
         release.set()
         thread.join(60)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import wait_for
+
 REPO = Path(__file__).resolve().parents[1]
 ANNOUNCE = "ELMO_JAX_TEST_ANNOUNCE"  # folder where a blocking task writes its worker's pid
 
@@ -131,14 +133,6 @@ def _cmdline(pid):
         return "?"
 
 
-def _wait_for(condition, what, timeout_s=120.0):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def _assert_all_end(pids, what, timeout_s=30.0):
     """Each process ends (an event; the deadline only turns a regression into a failure)."""
     deadline = time.monotonic() + timeout_s
@@ -161,7 +155,7 @@ def _started(cmd, announce, what):
         return any(p.name.isdigit() for p in announce.iterdir())
 
     try:
-        _wait_for(announced, f"a worker of {what} to start its task")
+        wait_for(f"a worker of {what} to start its task", announced)
     except BaseException:
         proc.kill()
         raise
@@ -281,19 +275,23 @@ def _same(a, b):
 
 
 def test_a_worker_killed_during_training_is_replaced_and_the_batches_are_unchanged():
-    """kill -9 of one data worker, then of both: new workers encode the chunks not received
-    from the same positions; every batch is the uninterrupted run's, and the log says so."""
+    """kill -9 of one data worker, then of every worker of the new pool: new workers encode the
+    chunks not received from the same positions; every batch is the uninterrupted run's, and the
+    log says so.
+
+    The pool starts its processes as tasks find none idle, so a fast worker can leave the second
+    one unstarted: the test kills the workers there are, never waits for a second."""
     with _batcher(0) as b:
         reference = list(b)
     logs = []
     with _batcher(2, logs.append) as b:
         got = [next(b) for _ in range(5)]
-        _wait_for(lambda: len(_pool_pids(b)) == 2, "two data workers")
+        wait_for("a data worker", lambda: _pool_pids(b))
         first = _pool_pids(b)
         os.kill(first[0], signal.SIGKILL)
         _assert_all_end(first[:1], "kill -9")
         got += [next(b) for _ in range(40)]
-        _wait_for(lambda: len(_pool_pids(b)) == 2, "two new data workers")
+        wait_for("a new data worker", lambda: _pool_pids(b))
         second = _pool_pids(b)
         assert not set(second) & set(first)
         for pid in second:
@@ -327,10 +325,10 @@ def test_workers_that_keep_dying_stop_the_batches_with_one_line():
 
 
 def test_close_never_waits_on_a_stuck_worker():
-    """A worker that neither works nor exits (stopped by SIGSTOP) is killed by close."""
+    """Workers that neither work nor exit (stopped by SIGSTOP) are killed by close."""
     b = _batcher(2)
     next(b)
-    _wait_for(lambda: len(_pool_pids(b)) == 2, "two data workers")
+    wait_for("a data worker", lambda: _pool_pids(b))
     pids = _pool_pids(b)
     for pid in pids:
         os.kill(pid, signal.SIGSTOP)
@@ -420,7 +418,7 @@ def test_a_data_worker_killed_during_training_is_replaced_and_the_losses_are_unc
             assert proc.poll() is None, proc.stdout.read()
             return any(p.name.isdigit() for p in (workdir / "checkpoints").glob("*"))
 
-        _wait_for(checkpointed, "a checkpoint", timeout_s=300)
+        wait_for("a checkpoint", checkpointed, timeout_s=300)
         # the workers: children of the fork server, itself a child of the trainer
         children = set(_descendants(proc.pid)) - {p for p in _descendants(proc.pid) if _stat(p)[1] == proc.pid}
         assert children, "no data worker"  # started as chunks are asked for: 1 or 2
