@@ -5,10 +5,11 @@ XLA_FLAGS must be set before jax is imported, so the check runs in a subprocess.
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
+
+from tests.conftest import device_env
 
 SCRIPT = textwrap.dedent(
     """
@@ -69,8 +70,7 @@ SCRIPT = textwrap.dedent(
 
 
 def _run(num_negatives: int) -> dict:
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4", JAX_PLATFORMS="cpu")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(num_negatives)], env=env, capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(num_negatives)], env=device_env(4), capture_output=True,
                           text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

@@ -25,7 +25,7 @@ import pytest
 from elmo_jax import Elmo, embed_layouts, read_embeddings
 from elmo_jax.cli import main
 from elmo_jax.embed_file import EmbedStopped, embed_file
-from tests.conftest import unmount
+from tests.conftest import device_env, unmount
 
 REPO = Path(__file__).resolve().parents[1]
 N_LINES = 96
@@ -217,9 +217,7 @@ def test_overwrite_never_replaces_a_models_or_a_runs_files(model_dir, tmp_path, 
 
 
 def _env(devices: int = 1) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
-               PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = device_env(devices, PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "")
     for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(k, None)
     if not env["JAX_COMPILATION_CACHE_DIR"]:

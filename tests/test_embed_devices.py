@@ -7,15 +7,13 @@ set before jax is imported, so each check runs in a subprocess.
 """
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from tests.conftest import device_env
 
 EMBED = textwrap.dedent(
     """
@@ -149,14 +147,8 @@ TASK = textwrap.dedent(
 )
 
 
-def _env(devices: int) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    return env
-
-
 def _run(script: str, devices: int) -> dict:
-    proc = subprocess.run([sys.executable, "-c", script, str(devices)], env=_env(devices), capture_output=True,
+    proc = subprocess.run([sys.executable, "-c", script, str(devices)], env=device_env(devices), capture_output=True,
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])

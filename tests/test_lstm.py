@@ -66,7 +66,9 @@ def test_handwritten_backward_equals_autodiff(remat_steps):
     ref = _objective(TINY, mask, reference=True)
     (v1, h1), g1 = jax.value_and_grad(fast, argnums=(0, 1, 2, 3), has_aux=True)(layer, x, h0, c0)
     (v2, h2), g2 = jax.value_and_grad(ref, argnums=(0, 1, 2, 3), has_aux=True)(layer, x, h0, c0)
-    assert _rel_err(h1, h2) <= 1e-6
+    # two programs (the handwritten scan, the reference one): equal up to float32 rounding, which
+    # is 1e-7-1e-6 here and moves with the machine code (1.5e-6 without LLVM's optimisation)
+    assert _rel_err(h1, h2) <= 1e-5
     assert abs(float(v1 - v2)) <= 1e-5 * abs(float(v2))
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
         assert float(jnp.max(jnp.abs(b))) > 0.0

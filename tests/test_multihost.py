@@ -19,7 +19,6 @@ Every job here is 2 processes x 2 emulated CPU devices, launched through ``train
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -31,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.conftest import train_steps_logged, wait_for
+from tests.conftest import device_env, train_steps_logged, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 HEARTBEAT_S = 10
@@ -48,9 +47,7 @@ def _free_port() -> int:
 
 
 def _env(devices: int) -> dict:
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}", JAX_PLATFORMS="cpu",
-               PYTHONUNBUFFERED="1")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env = device_env(devices, PYTHONUNBUFFERED="1")
     for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(k, None)
     return env
