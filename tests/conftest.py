@@ -8,7 +8,7 @@ import pytest
 
 # Compiling is most of this suite's time on a CPU, and LLVM's optimisation passes are most of
 # each compile: the tests compile with them off, which takes the compile-heavy tests to 0.3-0.8x
-# their time (the whole suite to about 0.75x, measured on a 2-core Zen 5).  XLA's own graph
+# their time (the whole suite to about 0.7x, measured on a 2-core Zen 5).  XLA's own graph
 # passes (fusion, layout) still run; what changes is only the machine code, which may round
 # differently, as another CPU's does: the tests allow for that (CROSS_PROGRAM_TOLERANCE), and
 # the README check runs the main job as users compile it.  ELMO_JAX_TEST_XLA_OPT=default tests
