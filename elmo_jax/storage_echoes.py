@@ -1,4 +1,5 @@
-"""Silence one known echo of a failed orbax read: "Event loop is closed" from tensorstore.
+"""Silence the known echoes of a failed orbax read: "Event loop is closed" from tensorstore,
+and an unstarted metadata read's "never awaited" warning.
 
 orbax runs a restore as one coroutine on a fresh asyncio loop that reads every array through
 tensorstore.  When one read fails (a damaged checkpoint, a template that does not fit), the
@@ -21,6 +22,12 @@ from __future__ import annotations
 
 import asyncio.base_events
 import sys
+import warnings
+
+# The same failure can leave one of orbax's metadata reads never started; Python then warns, when
+# the coroutine is collected (often in a later step, with no caller of ours in sight), that it
+# "was never awaited".  Dropped too: exactly that coroutine, by its name in orbax.
+_UNSTARTED_METADATA_READ = r"coroutine 'Store\._get_array_metadatas' was never awaited"
 
 
 def is_closed_loop_echo(exc_type, exc_value, exc_traceback) -> bool:
@@ -33,7 +40,10 @@ def is_closed_loop_echo(exc_type, exc_value, exc_traceback) -> bool:
 
 
 def drop_closed_loop_echoes() -> None:
-    """Put the filter in front of :data:`sys.unraisablehook` (once per process)."""
+    """Put the filter in front of :data:`sys.unraisablehook` (once per process), and ignore
+    the warning for an unstarted orbax metadata read (a warnings filter: set again on every
+    call, as code such as a test runner may have reset the filters since)."""
+    warnings.filterwarnings("ignore", message=_UNSTARTED_METADATA_READ, category=RuntimeWarning)
     if getattr(sys.unraisablehook, "_elmo_jax_drops_closed_loop_echoes", False):
         return
     previous = sys.unraisablehook

@@ -58,19 +58,31 @@ class Other:
     def __del__(self):
         raise ValueError("another")
 Other()  # an unrelated unraisable error
+# An orbax metadata read the failure left unstarted, and an unrelated coroutine never awaited.
+class Store:
+    async def _get_array_metadatas(self):
+        pass
+async def mine():
+    pass
+Store()._get_array_metadatas()
+mine()
+gc.collect()
 """
 
 
 @pytest.mark.parametrize("mode", ["filtered", "plain"])
 def test_a_closed_loops_echo_is_dropped_and_nothing_else(mode):
     """tensorstore's "Event loop is closed" (a read completing after orbax closed its loop)
-    prints a bare traceback through sys.unraisablehook; the filter drops exactly that one and
-    passes other unraisable errors on.  ("plain" shows the echo exists without it.)"""
+    prints a bare traceback through sys.unraisablehook, and an orbax metadata read left
+    unstarted warns that it "was never awaited"; the filter drops exactly those two and passes
+    other unraisable errors and warnings on.  ("plain" shows both exist without it.)"""
     out = subprocess.run([sys.executable, "-c", _ECHO, mode], capture_output=True, text=True, cwd=REPO,
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "ValueError: another" in out.stderr  # other unraisables still reach the default hook
     assert ("Event loop is closed" in out.stderr) == (mode == "plain"), out.stderr
+    assert "coroutine 'mine' was never awaited" in out.stderr  # other coroutines still warn
+    assert ("'Store._get_array_metadatas' was never awaited" in out.stderr) == (mode == "plain"), out.stderr
 
 
 def test_a_failed_start_waits_for_orbaxs_cleanup_thread(tmp_path, monkeypatch):
