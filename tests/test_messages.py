@@ -4,6 +4,7 @@ checkpoints path that is a file, a step that cannot fit in memory, NaN weights, 
 bridge's dropout rng, mix_params keys).  The checkpoint faults that need a trained run are in
 test_faults.py, beside the run they share."""
 
+import os
 import subprocess
 import sys
 
@@ -249,3 +250,14 @@ def test_the_linen_bridge_without_a_dropout_rng_refuses_instead_of_a_fixed_mask(
     train = jax.jit(lambda v, k: module.apply(v, ids, mask, rngs={"dropout": k}))
     (a,), (b,) = train(variables, jax.random.key(1)), train(variables, jax.random.key(2))
     assert not np.array_equal(np.asarray(a), np.asarray(b))  # each key its own mask
+
+
+@pytest.mark.parametrize("value", ["abc", "7"])
+def test_a_bad_test_compile_setting_is_named_before_anything_runs(value):
+    """XLA aborts without a word on a bad optimisation level, so the suite checks
+    ELMO_JAX_TEST_XLA_OPT itself and says which values there are."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
+                          "tests/test_chars.py"], capture_output=True, text=True, cwd=REPO, timeout=120,
+                         env=dict(os.environ, ELMO_JAX_TEST_XLA_OPT=value))
+    assert out.returncode == 4, out.stdout + out.stderr
+    assert f"ELMO_JAX_TEST_XLA_OPT='{value}' is not a setting: give 'default'" in out.stdout + out.stderr
