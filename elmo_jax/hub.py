@@ -177,11 +177,23 @@ def is_model_spec(spec: object) -> bool:
 
 def unknown_name_message(spec: str) -> str:
     """``did you mean ...`` for a misspelt released name (difflib), with the list of names."""
-    names = released_names()
-    close = difflib.get_close_matches(spec, names, n=3, cutoff=0.6)
+    close = _close_names(spec)
     hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
     return (f"{hint}released models: {', '.join(RELEASED_MODELS)}, and manylangs/<language code> for the 44 "
             f"ELMoForManyLangs models (`elmo-jax download --list` shows them)")
+
+
+def _close_names(spec: str) -> list[str]:
+    """Released names close to ``spec``, case aside; ``<prefix>/<code>`` with a prefix close to
+    ``manylangs`` is matched by its code (or language name) alone."""
+    from elmo_jax import manylangs
+
+    parts = spec.strip().rstrip("/").split("/")
+    prefix = manylangs.NAME_PREFIX.rstrip("/")
+    if len(parts) == 2 and difflib.SequenceMatcher(None, parts[0].lower(), prefix).ratio() >= 0.8:
+        return [manylangs.NAME_PREFIX + code for code in manylangs.close_codes(parts[1])]
+    lowered = {n.lower(): n for n in released_names()}
+    return [lowered[c] for c in difflib.get_close_matches("/".join(parts).lower(), lowered, n=3, cutoff=0.6)]
 
 
 def offline_from_env() -> bool:
@@ -223,10 +235,18 @@ def resolve_model(spec: str | os.PathLike, *, offline: bool | None = None, progr
 
 
 def _suggestion(spec: str) -> str:
-    """For a spec that looks like a name (no folder separator): the close released names."""
-    if os.sep in spec or "/" in spec.rstrip("/").replace("manylangs/", "", 1):
+    """For a spec that looks like a name: the close released names.  A name has no folder
+    separator, or is ``<prefix>/<code>`` with a prefix close to ``manylangs`` (``manylang/fi``,
+    ``ManyLangs/FI``); any other path gets none."""
+    parts = spec.strip().rstrip("/" + os.sep).replace(os.sep, "/").split("/")
+    if len(parts) > 2:
         return ""
-    return "; " + unknown_name_message(spec)
+    if len(parts) == 2:
+        from elmo_jax import manylangs
+
+        if difflib.SequenceMatcher(None, parts[0].lower(), manylangs.NAME_PREFIX.rstrip("/")).ratio() < 0.8:
+            return ""
+    return "; " + unknown_name_message("/".join(parts))
 
 
 def _local_folder(path: Path) -> Path:

@@ -101,6 +101,21 @@ def released_names() -> list[str]:
     return [NAME_PREFIX + code for code in RELEASED]
 
 
+def close_codes(text: str) -> list[str]:
+    """Released language codes that ``text`` may mean: the code itself in any case, else the
+    codes of languages whose name is ``text`` or close to it, else close codes."""
+    import difflib
+
+    text = text.strip().lower()
+    if text in RELEASED:
+        return [text]
+    by_language = {language.lower(): code for code, (_, language) in RELEASED.items()}
+    languages = difflib.get_close_matches(text, by_language, n=3, cutoff=0.75)
+    if languages:
+        return [by_language[name] for name in languages]
+    return difflib.get_close_matches(text, RELEASED, n=3, cutoff=0.5)
+
+
 def released_url(name: str, base: str | None = None) -> str:
     """The archive URL of a released name (``manylangs/fr``); ``$ELMO_JAX_MANYLANGS_URL`` or
     ``base`` replaces the NLPL repository (a mirror)."""

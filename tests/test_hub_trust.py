@@ -52,6 +52,25 @@ def test_a_misspelt_name_gets_the_closest_names():
         hub.model_source("manylangs/frr")
 
 
+@pytest.mark.parametrize("spec,meant", [("manylangs/fii", "manylangs/fi"), ("manylangs/FI", "manylangs/fi"),
+                                        ("manylang/fi", "manylangs/fi"), ("ManyLangs/de/", "manylangs/de"),
+                                        ("manylangs/finnish", "manylangs/fi"), ("Small", "small")])
+def test_a_misspelt_manylangs_name_that_looks_like_a_path_gets_the_closest_name(spec, meant, tmp_path, monkeypatch):
+    """Every manylangs/<code> name holds a '/', so it reaches the 'no such folder' error."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"model folder not found") as e:
+        Elmo.load(spec)
+    assert f"did you mean {meant!r}?" in str(e.value)
+
+
+def test_a_real_path_gets_no_name_suggestion(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for spec in ("models/elmo", "runs/a/small", str(tmp_path / "manylangs" / "fi")):
+        with pytest.raises(FileNotFoundError, match=r"model folder not found") as e:
+            Elmo.load(spec)
+        assert "did you mean" not in str(e.value)
+
+
 def test_a_released_name_is_checked_against_its_architecture(tiny, home, monkeypatch):
     monkeypatch.delenv(hub.MODELS_URL_ENV, raising=False)
     entry = home / "models" / "small"  # a 16/8 test model copied in by hand as "small"
