@@ -160,7 +160,10 @@ class ElmoConfig:
 
     @property
     def has_char_projection(self) -> bool:
-        return self.projection_input_dim != self.lstm.projection_dim
+        """Whether a projection ``[W + F] -> [P]`` follows the highway layers.  The byte models
+        (bilm-tf) have one only when the widths differ; a vocabulary model (ELMoForManyLangs)
+        always has one, as that package builds it, equal widths included."""
+        return self.vocab is not None or self.projection_input_dim != self.lstm.projection_dim
 
     @property
     def token_id_width(self) -> int:

@@ -13,7 +13,8 @@ direction ``d`` (0 forward, 1 backward) and LSTM layer ``l``)::
 
 A vocabulary model (``config.vocab``, :mod:`elmo_jax.manylangs`) has ``char_embed``
 ``[n_chars, D]``, ``word_embed [n_words, W]`` (no padding rows on disk) and
-``CNN_proj/W_proj [W + F, P]`` (word vector rows first).
+``CNN_proj/W_proj [W + F, P]`` (word vector rows first), present even where ``W + F == P``
+(a byte model has ``CNN_proj`` only where ``F != P``).
 
 The forget-gate bias 1.0 is not stored (it is added at run time), so no conversion is
 needed for it; the padding row of the char table is prepended on load and dropped on save.
@@ -228,10 +229,13 @@ def _refuse_undescribed(f: h5py.File, path: str, expected: dict) -> None:
     extra = sorted(n for n in names if n.startswith(_LAYOUT_PREFIXES) and n not in expected)
     if extra:
         shown = ", ".join(extra[:4]) + (f" and {len(extra) - 4} more" if len(extra) > 4 else "")
-        raise WeightFileError(
-            f"{path} holds {shown}, which options.json does not describe; the options say fewer "
-            f"layers or filters than the weights have (check n_highway, lstm.n_layers, filters)"
-        )
+        if all(n.startswith("CNN_proj/") for n in extra):
+            why = ("the options give the filters' sum the width of lstm.projection_dim, and such byte-model "
+                   "options have no projection (check filters and lstm.projection_dim)")
+        else:
+            why = ("the options say fewer layers or filters than the weights have (check n_highway, "
+                   "lstm.n_layers, filters)")
+        raise WeightFileError(f"{path} holds {shown}, which options.json does not describe; {why}")
 
 
 def save_weights(params: dict, config: ElmoConfig, path: str | os.PathLike) -> None:

@@ -3,12 +3,13 @@
 Runs ONLY inside the separate environment that ``../shared/peers/elmoformanylangs-env.sh``
 builds (torch + the package; never imported by the project or the test process)::
 
-    PEER/bin/python -W ignore tests/peer_manylangs.py make FOLDER [--legacy] [--released-size]
+    PEER/bin/python -W ignore tests/peer_manylangs.py make FOLDER [--legacy] [--released-size | --equal-projection]
     PEER/bin/python -W ignore tests/peer_manylangs.py embed SENTENCES.json OUT.npz FOLDER...
 
 ``make`` builds a small model (``--released-size``: the released models' architecture, the
 package's configs/cnn_50_100_512_4096_sample.json, with 3,000 chars and 30,000 words) with random weights with the package's own classes and saves
-it as the package's loader expects (``torch.save`` of the two state dicts; ``--legacy``: the
+it as the package's loader expects (``--equal-projection``: word_dim + the filters' sum equal to
+projection_dim, where the package still has its projection) (``torch.save`` of the two state dicts; ``--legacy``: the
 pre-1.6 layout of the released 2018 files).  ``embed`` runs
 ``Embedder(FOLDER).sents2elmo(sentences, output_layer=k)`` for k = 0, 1, 2, -1, each from the
 state of a fresh ``Embedder`` (its LSTM state carries over between calls: it is reset before
@@ -33,6 +34,9 @@ ARCH = {
     "classifier": {"name": "sampled_softmax", "n_samples": 8192},
     "dropout": 0.1,
 }
+# word_dim 8 + filters 16 = projection_dim 24: the package's projection is there all the same
+EQUAL_PROJECTION = {**ARCH, "encoder": {**ARCH["encoder"], "projection_dim": 24, "dim": 32},
+                    "token_embedder": {**ARCH["token_embedder"], "word_dim": 8, "filters": [[1, 4], [2, 4], [3, 8]]}}
 CHARS = list("abcdefghijklmnopqrstuvwxyzéèàüöç中文字") + ["\u3000"]
 WORDS = ["the", "cat", "sat", "on", "mat", "café", "中文", "a"]
 
@@ -47,10 +51,10 @@ def write_dic(path, entries):
             f.write(f"{i}\n" if token == "\u3000" else f"{token}\t{i}\n")
 
 
-def make(folder, legacy, released_size=False):
+def make(folder, legacy, released_size=False, equal_projection=False):
     torch.manual_seed(0)
     os.makedirs(folder, exist_ok=True)
-    arch = ARCH
+    arch = EQUAL_PROJECTION if equal_projection else ARCH
     chars = ["<bow>", "<eow>", "<bos>", "<eos>", "<oov>", "<pad>"] + CHARS
     words = ["<oov>", "<pad>", "<bos>", "<eos>"] + WORDS
     if released_size:
@@ -99,7 +103,7 @@ def embed(sentences_path, out_path, folders):
 if __name__ == "__main__":
     cmd = sys.argv[1]
     if cmd == "make":
-        make(sys.argv[2], "--legacy" in sys.argv, "--released-size" in sys.argv)
+        make(sys.argv[2], "--legacy" in sys.argv, "--released-size" in sys.argv, "--equal-projection" in sys.argv)
     elif cmd == "embed":
         embed(sys.argv[2], sys.argv[3], sys.argv[4:])
     else:

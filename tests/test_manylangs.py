@@ -4,7 +4,9 @@ package's own, and everything downstream.
 tests/data/manylangs/ holds a tiny model with random weights made and saved by the package's own
 classes (tests/peer_manylangs.py, in both torch layouts: zip/ and legacy/) and the package's
 outputs for tests/data/manylangs/sentences.json (peer_outputs.npz), all written by that script in
-the peer environment (``../shared/peers/elmoformanylangs-env.sh``).  The slow test re-runs the
+the peer environment (``../shared/peers/elmoformanylangs-env.sh``); equal_projection/ (zip layout)
+and peer_outputs_equal_projection.npz are a model whose word_dim + filters equal its
+projection_dim (``make --equal-projection``).  The slow test re-runs the
 package live when that environment is present (``$ELMO_EFML_ENV``, default /work/peers/efml).
 """
 
@@ -133,6 +135,18 @@ def test_outputs_equal_the_package_within_1e5(loaded, fmt):
     assert _compare(loaded[fmt], expected, f"{FORMATS.index(fmt)}_") < TOLERANCE
 
 
+def test_a_model_whose_widths_equal_the_projection_keeps_it_and_equals_the_package():
+    """word_dim 8 + filters 16 = projection_dim 24: the package still has its projection
+    (token_embedder.pkl holds projection.weight), so the converted model must too."""
+    folder = DATA / "equal_projection"
+    assert "projection.weight" in load_state_dict(folder / manylangs.TOKEN_EMBEDDER_FILE)
+    elmo = Elmo.load(folder)
+    config = elmo.config
+    assert (config.word_dim, config.char_cnn.n_filters, config.projection_dim) == (8, 16, 24)
+    assert elmo.params["proj"]["w"].shape == (24, 24)
+    assert _compare(elmo, np.load(DATA / "peer_outputs_equal_projection.npz"), "0_") < TOLERANCE
+
+
 @pytest.mark.slow
 def test_outputs_equal_the_package_run_live(tmp_path):
     """Models made now by the package in both layouts, embedded now by the package."""
@@ -148,6 +162,9 @@ def test_outputs_equal_the_package_run_live(tmp_path):
         subprocess.run([str(python), "-W", "ignore", script, "make", str(folder)] + (["--legacy"] if fmt == "legacy" else []),
                        check=True, env=env)
         folders.append(str(folder))
+    subprocess.run([str(python), "-W", "ignore", script, "make", str(tmp_path / "equal"), "--equal-projection"],
+                   check=True, env=env)
+    folders.append(str(tmp_path / "equal"))
     sentences = SENTENCES + [["über", "中文字", "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzz", "ÅÉÎ"]]
     (tmp_path / "s.json").write_text(json.dumps(sentences), encoding="utf-8")
     subprocess.run([str(python), "-W", "ignore", script, "embed", str(tmp_path / "s.json"), str(tmp_path / "out.npz")]

@@ -69,6 +69,20 @@ def test_missing_dataset_and_wrong_shape_are_named(tmp_path):
         load_weights(tmp_path / "junk.hdf5", cfg)
 
 
+def test_a_projection_the_byte_options_leave_out_is_named_as_such(tmp_path):
+    """Byte-model options whose filters' sum equals projection_dim describe no projection; a
+    file holding one is refused with that reason, not with 'fewer layers'."""
+    from elmo_jax.errors import ElmoError
+
+    cfg = ElmoConfig.preset("tiny")
+    save_weights(jax.tree.map(np.asarray, init_params(jax.random.key(0), cfg)), cfg, tmp_path / "w.hdf5")
+    options = cfg.to_options()
+    options["lstm"]["projection_dim"] = cfg.char_cnn.n_filters  # 128: the file's W_proj is [128, 32]
+    with pytest.raises(ElmoError, match=r"holds CNN_proj/W_proj, CNN_proj/b_proj.*filters' sum the width of "
+                                        r"lstm.projection_dim"):
+        load_weights(tmp_path / "w.hdf5", ElmoConfig.from_options(options))
+
+
 @pytest.mark.parametrize("mutate, named", [
     (lambda o: o["lstm"].update(n_layers=1), "RNN_0/RNN/MultiRNNCell/Cell1/LSTMCell/B"),
     (lambda o: o["char_cnn"].pop("n_highway"), "CNN_high_0/W_carry"),

@@ -14,7 +14,7 @@ Parameters (a plain dict pytree, see :func:`init_encoder`)::
     word_embed  [n_words + 1, W]         vocabulary models with a word table only; row 0 padding
     cnn         list of {w: [width, D, n], b: [n]}
     highway     list of {w_carry, w_transform: [F, F], b_carry, b_transform: [F]}
-    proj        {w: [W + F, P], b: [P]}  only when W + F != P
+    proj        {w: [W + F, P], b: [P]}  when W + F != P, and always for a vocabulary model
 """
 
 from __future__ import annotations
