@@ -30,7 +30,8 @@ model: the second one waits and then uses the first one's copy.
 ELMoForManyLangs models (:mod:`elmo_jax.manylangs`): ``manylangs/<code>`` names the 44
 released ones (``manylangs/fr``; ``$ELMO_JAX_MANYLANGS_URL`` replaces their host), and any
 archive holding such a folder (``config.json``, ``char.dic``, ``word.dic``, the two ``.pkl``
-files) is converted once, in the staging folder, and cached in this package's layout.
+files), or a folder URL whose folder holds them, is converted once, in the staging folder,
+and cached in this package's layout.
 
 Trust: a URL may pin its file's digest as ``...#sha256=<hex>`` (the archive, or the weight
 file for the other URL forms), checked after the download and on every later use.  The
@@ -426,12 +427,74 @@ def _fetch_files(source: ModelSource, model: Path, partial: Path, net: dict) -> 
                 break
             except _NotFound as e:
                 if n == len(candidates) - 1:
+                    folder_url = _folder_of_options_url(url) if name == OPTIONS_FILE else None
+                    if folder_url and _fetch_manylangs_folder(folder_url, model, partial, net):
+                        return
                     also = f"; also tried {', '.join(candidates[1:])}" if len(candidates) > 1 else ""
+                    if folder_url:
+                        also += "; nor does the folder hold an ELMoForManyLangs config.json"
                     raise DownloadError(f"{url}: HTTP 404 {e.reason} (check the model name or URL; a folder URL "
                                         f"ends with '/'{also})") from None
         os.replace(got, model / name)
         if name == OPTIONS_FILE:
             _check_options(model / OPTIONS_FILE, source, candidate)
+
+
+def _folder_of_options_url(url: str) -> str | None:
+    """The folder URL (ending in '/') whose ``options.json`` ``url`` is, else None."""
+    parts = urllib.parse.urlsplit(url)
+    if not parts.path.endswith("/" + OPTIONS_FILE):
+        return None
+    return urllib.parse.urlunsplit(parts._replace(path=parts.path[: -len(OPTIONS_FILE)]))
+
+
+def _fetch_manylangs_folder(folder_url: str, model: Path, partial: Path, net: dict) -> bool:
+    """An ELMoForManyLangs folder at ``folder_url`` (which has no options.json): its
+    ``config.json``, the architecture JSON that names (by file name, beside it; the package's
+    shipped ones may be absent), ``char.dic``, ``word.dic`` and the two ``.pkl`` files,
+    fetched into ``partial`` (resumed like any file) and converted into ``model``.
+    False where the folder holds no ``config.json``."""
+    from elmo_jax import manylangs
+
+    folder = partial / "manylangs"
+    folder.mkdir(parents=True, exist_ok=True)
+
+    def fetch(name: str, required: bool) -> None:
+        url = _join(folder_url, urllib.parse.quote(name))
+        try:
+            _download(url, folder / name, **net)
+        except _NotFound as e:
+            if required:
+                raise DownloadError(f"{url}: HTTP 404 {e.reason}; {folder_url} holds an ELMoForManyLangs "
+                                    f"config.json but not {name}, which such a model needs (its files: "
+                                    f"{', '.join(_MANYLANGS_FILES)}); nothing was cached") from None
+
+    try:
+        _download(_join(folder_url, manylangs.CONFIG_FILE), folder / manylangs.CONFIG_FILE, **net)
+    except _NotFound:
+        return False
+    try:
+        named = json.loads((folder / manylangs.CONFIG_FILE).read_text(encoding="utf-8"))["config_path"]
+        architecture = os.path.basename(str(named).replace("\\", "/"))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DownloadError(f"{_join(folder_url, manylangs.CONFIG_FILE)} is neither options.json's folder nor an "
+                            f"ELMoForManyLangs config.json with a 'config_path' ({type(e).__name__}: {e}); "
+                            f"nothing was cached") from None
+    if architecture not in ("", ".", "..", manylangs.CONFIG_FILE):
+        fetch(architecture, required=architecture not in manylangs.SHIPPED_ARCHITECTURES)
+    for name in (manylangs.CHAR_DIC, manylangs.TOKEN_EMBEDDER_FILE, manylangs.ENCODER_FILE):
+        fetch(name, required=True)
+    fetch(manylangs.WORD_DIC, required=False)  # a model without a word table has none
+    try:
+        manylangs.convert(folder, model)
+    except (ElmoError, OSError) as e:
+        raise DownloadError(f"{folder_url} holds an ELMoForManyLangs model that cannot be converted: "
+                            f"{str(e).replace(str(folder), folder_url.rstrip('/'))}; nothing was cached") from None
+    return True
+
+
+_MANYLANGS_FILES = ("config.json", "the architecture JSON it names", "char.dic", "word.dic",
+                    "token_embedder.pkl", "encoder.pkl")
 
 
 def _check_options(path: Path, source: ModelSource, url: str) -> None:

@@ -445,6 +445,35 @@ def test_archives_are_extracted_into_one_cache_entry(server, tiny, home, kind):
     assert len(_entries(home)) == 2
 
 
+MANYLANGS = Path(__file__).parent / "data" / "manylangs" / "zip"  # made by the package (tests/peer_manylangs.py)
+
+
+def test_an_elmoformanylangs_folder_url_is_fetched_file_by_file_and_converted(server, home):
+    """No options.json there: config.json, the architecture it names, the .dic and .pkl files."""
+    files = {p.name: p.read_bytes() for p in MANYLANGS.iterdir()}
+    url = _serve(server, "efml", files)
+    entry = hub.resolve_model(url, progress=False)
+    assert {"options.json", "weights.hdf5", "char.dic", "word.dic"} <= {p.name for p in entry.iterdir()}
+    for name in files:
+        assert len(server.routes.gets(f"/efml/{name}")) == 1, name
+    sentences = [["the", "cat", "sat"], ["中文", "Ω"]]
+    np.testing.assert_array_equal(Elmo.load(url).embed(sentences, layers="all")[1],
+                                  Elmo.load(MANYLANGS).embed(sentences, layers="all")[1])
+    assert not (home / hub.PARTIAL_DIR / entry.name).exists()  # the fetched files went with the staging
+    assert [e for e in _entries(home) if not e.startswith("manylangs-")] == [entry.name]
+
+    # A file the model needs that the folder lacks is named; nothing is cached.
+    url = _serve(server, "efml-half", {k: v for k, v in files.items() if k != "encoder.pkl"})
+    with pytest.raises(hub.DownloadError, match=r"efml-half/encoder.pkl: HTTP 404.*holds an ELMoForManyLangs "
+                                                r"config.json but not encoder.pkl"):
+        hub.resolve_model(url, progress=False)
+    assert not any(p.name.startswith("efml-half") for p in (home / "models").iterdir())
+    # A folder with neither kind of model says both were looked for.
+    with pytest.raises(hub.DownloadError, match=r"/nothing-here/options.json: HTTP 404.*nor does the folder hold "
+                                                r"an ELMoForManyLangs config.json"):
+        hub.resolve_model(f"{server.url}/nothing-here/", progress=False)
+
+
 # -- concurrency --------------------------------------------------------------------------
 def test_two_processes_fetching_one_model_download_it_once(server, tiny, home):
     url = _serve(server, "race", tiny)
