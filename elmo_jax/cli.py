@@ -247,7 +247,9 @@ def _embed_run(args: argparse.Namespace) -> int:
                      restart=args.restart, progress=not args.no_progress)
     seconds = out["seconds"]
     resumed = f", resumed at line {out['resumed_from'] + 1}" if out["resumed_from"] is not None else ""
-    if out["hosts"] == 1 or _is_main():
+    if out.get("resumed"):  # a multi-process job: each process that resumed its shard
+        resumed = ", resumed " + ", ".join(f"at line {line + 1} (process {p})" for p, line in out["resumed"])
+    if out["hosts"] == 1 or _is_main():  # a job's totals, said once
         print(f"wrote {out['sentences']} sentences ({out['tokens']} tokens, layers={args.layers}, {layout}) to "
               f"{out['output']} in {seconds:.1f} s: {out['tokens'] / max(seconds, 1e-9):,.0f} tokens/s on "
               f"{out['devices']} device(s) x {out['hosts']} host(s){resumed}")

@@ -138,7 +138,9 @@ def embed_file(
     (sentences/s, time left); ``None`` shows it above 1000 lines.  ``process_index`` /
     ``process_count`` default to jax's.  ``say``: where notices (resuming, skipping) go.
     Returns ``{"sentences", "tokens", "seconds", "devices", "hosts", "resumed_from", "output"}``
-    (the counts are this run's work, not what an earlier run had done).
+    (the counts are this run's work, not what an earlier run had done; in a multi-process job
+    the whole job's, every process's share added up, and ``"resumed"`` lists
+    ``(process, resumed_from)`` for each process that resumed).
     """
     if layers not in FILE_LAYERS:
         raise ValueError(f"layers must be one of {', '.join(FILE_LAYERS)}, got {layers!r}")
@@ -196,7 +198,7 @@ def embed_file(
         done = _embed_range(elmo, scan, run, state_dir, final, first_group, end_group, batch_size,
                             progress=progress, stop=stop, say=say)
     if process_count > 1:
-        _finish_shards(run, scan, work, output_path, overwrite, done, say)
+        done = _finish_shards(run, scan, work, output_path, overwrite, done, say)
     seconds = time.perf_counter() - start
     devices = getattr(elmo, "devices", None)
     return {**done, "seconds": seconds, "devices": len(devices) if devices else 1, "hosts": process_count,
@@ -322,16 +324,21 @@ def _lines(scan: InputScan, first_group: int, end_group: int):
 
 
 def _finish_shards(run: dict, scan: InputScan, work: str, output_path: str, overwrite: bool, done: dict,
-                   say) -> None:
-    """Wait for every process's shard; process 0 writes the manifest and puts the folder in place."""
+                   say) -> dict:
+    """Wait for every process's shard; process 0 writes the manifest and puts the folder in place.
+    Returns ``done`` with the job's counts: every process's ``sentences`` and ``tokens`` added up."""
     import jax
 
     from elmo_jax.train import distributed
 
     shard = run["shard"]
     mine = {"file": shard_name(shard["index"], shard["count"]), "first_line": shard["first_line"],
-            "end_line": shard["end_line"]}
+            "end_line": shard["end_line"],
+            "counts": {k: done[k] for k in ("sentences", "tokens", "resumed_from")}}
     shards = distributed.allgather_json("embed/shards", mine, timeout_s=_FOREVER_S)
+    counts = [s.pop("counts") for s in shards]  # the rest is the manifest's list of shards
+    job = {**done, "sentences": sum(c["sentences"] for c in counts), "tokens": sum(c["tokens"] for c in counts),
+           "resumed": [(p, c["resumed_from"]) for p, c in enumerate(counts) if c["resumed_from"] is not None]}
     if jax.process_index() == 0:
         manifest = {"format": MANIFEST_FORMAT, "version": 1, "layout": run["options"]["layout"],
                     "layers": run["options"]["layers"], "lines": scan.n_lines, "input": run["input"],
@@ -343,3 +350,4 @@ def _finish_shards(run: dict, scan: InputScan, work: str, output_path: str, over
         distributed.publish("embed/final", "done")
     else:
         distributed.wait_for_value("embed/final", _FOREVER_S, "process 0 to put the shards in place")
+    return job

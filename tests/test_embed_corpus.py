@@ -327,6 +327,10 @@ def test_two_processes_write_shards_read_as_one(model_dir, src, tmp_path, refere
     logs = _wait(procs)
     assert [p.returncode for p in procs] == [0, 0], logs
     assert "1 device(s) x 2 host(s)" in logs[0]
+    # The job's totals (both shares added up), said once, by process 0.
+    tokens = sum(len(line.split()) for line in _lines())
+    assert f"wrote {N_LINES} sentences ({tokens} tokens, " in logs[0], logs[0]
+    assert "wrote " not in logs[1], logs[1]
     manifest = json.loads((out / "manifest.json").read_text())
     assert [(s["first_line"], s["end_line"]) for s in manifest["shards"]] == [(0, 48), (48, 96)]
     assert sorted(os.listdir(tmp_path)) == ["out.shards"]
@@ -351,6 +355,7 @@ def test_a_killed_process_resumes_its_own_shard(model_dir, src, tmp_path, refere
     assert [p.returncode for p in procs] == [0, 0], logs
     assert "shard 0 of 2 is already complete" in logs[0]
     assert "resuming from line 65 (16 of 48 lines were done" in logs[1]
+    assert "resumed at line 65 (process 1)" in logs[0] and "wrote " not in logs[1], logs
     with read_embeddings(out) as sharded, read_embeddings(reference["packed"]) as single:
         assert len(sharded) == N_LINES
         for i in range(N_LINES):
