@@ -10,7 +10,9 @@ an earlier picture as it was).
   ``init_from``);
 * :func:`sense_projection_png`: the occurrences of one ambiguous word, each layer's vectors
   projected to 2-D (:func:`fisher_2d`: a sense direction fitted on other occurrences, and
-  :func:`pca_2d` of the rest), coloured by sense, one panel per layer;
+  :func:`pca_2d` of the rest), coloured by sense, one panel per layer; points on one spot
+  (:func:`stacks`: every occurrence in the context-free layer 0) are drawn as rings, one
+  per sense, with their counts;
 * :func:`layer_weights_png`: a ScalarMix's normalised layer weights, one group per mix.
 
 :mod:`elmo_jax.run_plots` reads a run's files and calls these.
@@ -66,7 +68,9 @@ def curves_png(curves: Mapping[str, Mapping[int, float]], path: str | os.PathLik
                ylabel: str = "perplexity", log_y: bool = True,
                styles: Mapping[str, str] | None = None) -> str:
     """Curves ``{label: {step: value}}`` against steps, and horizontal ``references``
-    ``{label: value}`` (dashed), written to ``path``; returns ``path``.  ``styles``: a
+    ``{label: value}`` (dashed; a label holding ``{value}``, e.g. ``"optimum {value:.2f}: ..."``,
+    places the value itself, else `` (value)`` follows it), written to ``path``; returns
+    ``path``.  ``styles``: a
     matplotlib format string per curve label (default: lines with markers)."""
     curves = {k: v for k, v in curves.items() if v}
     if not curves:
@@ -79,7 +83,8 @@ def curves_png(curves: Mapping[str, Mapping[int, float]], path: str | os.PathLik
         ax.plot(steps, ys, (styles or {}).get(label, "o-"), label=label, markersize=4, linewidth=1.6)
     colours = ("tab:green", "tab:gray", "tab:purple", "tab:brown")
     for (label, value), colour in zip((references or {}).items(), colours):
-        ax.axhline(value, linestyle="--", linewidth=1.2, color=colour, label=f"{label} ({value:.2f})")
+        text = label.format(value=value) if "{value" in label else f"{label} ({value:.2f})"
+        ax.axhline(value, linestyle="--", linewidth=1.2, color=colour, label=text)
     if log_y:
         ax.set_yscale("log")
         _readable_log_ticks(ax)
@@ -158,17 +163,70 @@ def sense_projection_png(points: Mapping[str, np.ndarray], senses: Sequence[str]
     sense_arr = np.asarray(senses)
     for ax, (name, xy) in zip(axes, points.items()):
         xy = np.asarray(xy)
+        stacked_at, stack_of = stacks(xy)
+        alone = stack_of < 0
         for sense, colour in zip(names, colours):
-            pick = sense_arr == sense
-            ax.scatter(xy[pick, 0], xy[pick, 1], s=12, alpha=0.7, color=colour, label=sense)
+            pick = (sense_arr == sense) & alone
+            ax.scatter(xy[pick, 0], xy[pick, 1], s=12, alpha=0.7, color=colour)
+        _draw_stacks(ax, xy, sense_arr, stacked_at, stack_of, names, colours)
         ax.set_title(name, fontsize=10)
         ax.set_xticks([])
         ax.set_yticks([])
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
-    axes[0].legend(title=f"sense of '{word}'", fontsize=8, title_fontsize=8, loc="best")
+    from matplotlib.lines import Line2D
+
+    handles = [Line2D([], [], marker="o", linestyle="", color=colour, markersize=5, alpha=0.7, label=sense)
+               for sense, colour in zip(names, colours)]  # one entry per sense, however its points were drawn
+    axes[0].legend(handles=handles, title=f"sense of '{word}'", fontsize=8, title_fontsize=8, loc="best")
     fig.suptitle(title or f"'{word}': {n} occurrences per layer", fontsize=11)
     return _save(fig, path)
+
+
+def stacks(xy_N2: np.ndarray, tolerance: float = 1e-3) -> tuple[np.ndarray, np.ndarray]:
+    """Points drawn on one spot: ``(spots [S, 2], stack_of [N])``, where ``stack_of[i]`` is the
+    spot of point ``i`` when a chain of other points leads to it, each within ``tolerance`` of
+    the panel's extent (and never less than float noise on the coordinates' own scale);
+    ``-1``: alone.  Spots are ordered by size, largest first.  A context-free layer (the char
+    CNN) gives every occurrence of a word one vector, so all its points are one stack."""
+    xy = np.asarray(xy_N2, np.float64)
+    n = len(xy)
+    stack_of = np.full(n, -1)
+    if n < 2:
+        return np.zeros((0, 2)), stack_of
+    reach = max(tolerance * float(np.ptp(xy, axis=0).max()), 1e-5 * float(np.abs(xy).max()), 1e-12)
+    near = np.zeros((n, n), bool)
+    for i in range(0, n, 512):  # [512, N] blocks: bounded memory for long lists
+        near[i : i + 512] = np.abs(xy[i : i + 512, None, :] - xy[None, :, :]).max(axis=-1) <= reach
+    group = np.arange(n)
+    while True:  # each point takes the smallest index it reaches: connected groups
+        spread = np.where(near, group[None, :], n).min(axis=1)
+        if np.array_equal(spread, group):
+            break
+        group = spread
+    ids, inverse, counts = np.unique(group, return_inverse=True, return_counts=True)
+    order = [k for k in np.argsort(-counts, kind="stable") if counts[k] > 1]
+    for rank, k in enumerate(order):
+        stack_of[inverse.reshape(-1) == k] = rank
+    spots = np.array([xy[stack_of == rank].mean(axis=0) for rank in range(len(order))]).reshape(-1, 2)
+    return spots, stack_of
+
+
+def _draw_stacks(ax, xy, senses, spots, stack_of, names, colours, labelled: int = 3) -> None:
+    """Each stack as concentric discs, one per sense present (the largest drawn first, so none
+    hides another); the ``labelled`` largest stacks say their count per sense."""
+    for k, (x, y) in enumerate(spots):
+        members = senses[stack_of == k]
+        present = [(sense, colour) for sense, colour in zip(names, colours) if np.any(members == sense)]
+        for rank, (sense, colour) in enumerate(present):
+            size = 36.0 * (len(present) - rank) ** 2
+            ax.scatter([x], [y], s=size, color=colour, edgecolors="white", linewidths=0.8, zorder=3 + rank)
+        if k < labelled:
+            counts = ", ".join(f"{int(np.sum(members == sense))} {sense}" for sense, _ in present)
+            every = "all " if len(members) == len(senses) else ""
+            ax.annotate(f"{every}{len(members)} on one spot: {counts}", (x, y), xytext=(0, -8 - 4 * len(present)),
+                        textcoords="offset points", ha="center", va="top", fontsize=7, zorder=10,
+                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8})
 
 
 def layer_weights_png(weights: Mapping[str, Sequence[float]], path: str | os.PathLike, *, title: str = "") -> str:
@@ -195,4 +253,4 @@ def layer_weights_png(weights: Mapping[str, Sequence[float]], path: str | os.Pat
 
 
 __all__ = ["INSTALL_HINT", "PlottingUnavailable", "curves_png", "fisher_2d", "have_matplotlib", "layer_weights_png", "pca_2d",
-           "require_matplotlib", "sense_projection_png"]
+           "require_matplotlib", "sense_projection_png", "stacks"]

@@ -2,7 +2,8 @@
 
 * ``WORKDIR/perplexity.png``: held-out perplexity (``eval`` records of ``metrics.jsonl``)
   against steps, with the training batches' perplexity where the full softmax gives one; for
-  a run on the embedded corpus, the generator's optimum and the bigram baseline as lines.
+  a run on the embedded corpus, the generator's optimum and the bigram baseline as lines
+  (the legend says the optimum bounds held-out text only: the training curve may go below).
 * ``WORKDIR/word_senses.png`` (runs on the embedded corpus): the held-out occurrences of the
   ambiguous word seen most often there, each layer's vectors (the newest checkpoint's, or
   the parameters given) projected to 2-D, coloured by sense.
@@ -22,6 +23,9 @@ import numpy as np
 from elmo_jax.errors import ElmoError
 from elmo_jax.plots import curves_png, sense_projection_png
 
+# The optimum is the generator's perplexity on held-out text; the training batches are text
+# the model has seen, so their curve may go below it.
+OPTIMUM_LABEL = "generator's optimum {value:.2f}: the floor for held-out text only\n(training batches, seen before, can go below it)"
 PERPLEXITY_PNG = "perplexity.png"
 SENSES_PNG = "word_senses.png"
 
@@ -55,7 +59,7 @@ def corpus_references(corpus_dir: str, vocab_tokens) -> dict[str, float]:
     train, _ = load_corpus(corpus_dir, "train")
     seen = {w for s in train for w in s}
     words = None if vocab_tokens is None else set(vocab_tokens) - set(SPECIALS)
-    refs = {"generator's optimum": heldout_optimum(stats, heldout, seen, words)}
+    refs = {OPTIMUM_LABEL: heldout_optimum(stats, heldout, seen, words)}
     if words is None or words == seen:  # the baselines use the training words as vocabulary
         refs["bigram baseline"] = stats["bigram_heldout_perplexity"]
     return refs

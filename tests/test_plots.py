@@ -101,6 +101,72 @@ def test_sense_projection_and_layer_weights(tmp_path):
     assert _png_shape(path)[0] == 396
 
 
+def _capture_figures(monkeypatch) -> list:
+    """The figures plots writes, kept for a look at what they show."""
+    figures, save = [], plots._save
+
+    def keep(fig, path):
+        figures.append(fig)
+        return save(fig, path)
+
+    monkeypatch.setattr(plots, "_save", keep)
+    return figures
+
+
+def _pixels_of(fig, ax, rgb, skip=()) -> int:
+    """Pixels inside ``ax`` (less the boxes of the artists in ``skip``) within 40 of ``rgb``."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    image = np.asarray(canvas.buffer_rgba())[..., :3].astype(int)
+    height = image.shape[0]
+    inside = np.zeros(image.shape[:2], bool)
+
+    def box(artist):
+        b = artist.get_window_extent()
+        return slice(int(height - b.y1), int(height - b.y0) + 1), slice(int(b.x0), int(b.x1) + 1)
+
+    inside[box(ax)] = True
+    for artist in skip:
+        inside[box(artist)] = False
+    return int(np.sum(inside & (np.abs(image - np.asarray(rgb)).max(axis=-1) <= 40)))
+
+
+def test_points_on_one_spot_stay_visible_with_their_counts(tmp_path, monkeypatch):
+    """Layer 0 is context-free: every occurrence of the word is one point; the first sense's
+    points must not vanish under the second's."""
+    figures = _capture_figures(monkeypatch)
+    rng = np.random.default_rng(0)
+    senses = ["money"] * 30 + ["river"] * 30
+    spot = np.tile([[0.8, -0.3]], (60, 1))
+    plots.sense_projection_png({"layer 0 (char CNN)": spot, "layer 1": rng.normal(size=(60, 2))}, senses,
+                               tmp_path / "senses.png", word="bank")
+    fig = figures[-1]
+    layer0 = fig.axes[0]
+    money_blue = (31, 119, 180)  # tab:blue
+    assert _pixels_of(fig, layer0, money_blue, skip=[layer0.get_legend()]) > 20
+    assert any("30 money, 30 river" in t.get_text() for t in layer0.texts)
+    spots, stack_of = plots.stacks(spot + 1e-8 * rng.normal(size=(60, 2)))  # float noise is one spot too
+    assert len(spots) == 1 and set(stack_of) == {0}
+    apart = np.array([[0.0, 0.0], [1.0, 1.0], [1.0, 1.0], [2.0, 0.5]])
+    assert list(plots.stacks(apart)[1]) == [-1, 0, 0, -1]
+
+
+def test_the_optimum_line_says_it_bounds_held_out_text_only(tmp_path, monkeypatch):
+    """Training batches (seen text) may go below the generator's optimum; the legend says why."""
+    from elmo_jax.data.synthetic import write_corpus
+    from elmo_jax.run_plots import plot_run
+
+    figures = _capture_figures(monkeypatch)
+    run = _fake_run(tmp_path / "run")
+    write_corpus(run / "corpus", n_train=10, n_heldout=5)
+    plot_run(run)
+    legend = [t.get_text() for t in figures[0].axes[0].get_legend().get_texts()]
+    optimum = next(t for t in legend if "optimum" in t)
+    assert "held-out text only" in optimum and "training batches" in optimum and "can go below" in optimum
+
+
 def test_word_senses_of_a_synthetic_run(tmp_path):
     import jax
 
