@@ -307,7 +307,8 @@ def model_source(spec: str, models_url: str = DEFAULT_MODELS_URL) -> ModelSource
             raise ValueError(
                 f"{spec!r} names the file {last!r}, which is neither a model archive "
                 f"({', '.join(ARCHIVE_SUFFIXES)}) nor a model's {OPTIONS_FILE} / {WEIGHTS_FILE}; give the "
-                f"archive, either file's URL, or the folder's URL ending in '/'")
+                f"archive, either file's URL, or the folder's URL ending in '/' (also for an ELMoForManyLangs "
+                f"folder: config.json, the .dic and .pkl files)")
     prefix = urllib.parse.urlunsplit(parts._replace(path=path))
     folder_url = urllib.parse.urlunsplit(parts._replace(path=folder_path))
     files = _file_urls(prefix)
