@@ -212,16 +212,19 @@ def stacks(xy_N2: np.ndarray, tolerance: float = 1e-3) -> tuple[np.ndarray, np.n
     return spots, stack_of
 
 
-def _draw_stacks(ax, xy, senses, spots, stack_of, names, colours, labelled: int = 3) -> None:
+def _draw_stacks(ax, xy, senses, spots, stack_of, names, colours, labelled: int = 2, share: float = 0.05) -> None:
     """Each stack as concentric discs, one per sense present (the largest drawn first, so none
-    hides another); the ``labelled`` largest stacks say their count per sense."""
+    hides another); the ``labelled`` largest stacks that mix senses and hold at least ``share``
+    of the points say their count per sense (small ones would only clutter the panel)."""
+    n_labels = 0
     for k, (x, y) in enumerate(spots):
         members = senses[stack_of == k]
         present = [(sense, colour) for sense, colour in zip(names, colours) if np.any(members == sense)]
         for rank, (sense, colour) in enumerate(present):
             size = 36.0 * (len(present) - rank) ** 2
             ax.scatter([x], [y], s=size, color=colour, edgecolors="white", linewidths=0.8, zorder=3 + rank)
-        if k < labelled:
+        if n_labels < labelled and len(present) > 1 and len(members) >= share * len(senses):
+            n_labels += 1
             counts = ", ".join(f"{int(np.sum(members == sense))} {sense}" for sense, _ in present)
             every = "all " if len(members) == len(senses) else ""
             ax.annotate(f"{every}{len(members)} on one spot: {counts}", (x, y), xytext=(0, -8 - 4 * len(present)),
