@@ -25,7 +25,8 @@ from elmo_jax.plots import curves_png, sense_projection_png
 
 # The optimum is the generator's perplexity on held-out text; the training batches are text
 # the model has seen, so their curve may go below it.
-OPTIMUM_LABEL = "generator's optimum {value:.2f}: the floor for held-out text only\n(training batches, seen before, can go below it)"
+OPTIMUM_LABEL = ("generator's optimum {value:.2f}: the floor for held-out text only\n"
+                 "(training batches, seen before, can go below it)")
 PERPLEXITY_PNG = "perplexity.png"
 SENSES_PNG = "word_senses.png"
 

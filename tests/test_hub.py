@@ -462,7 +462,8 @@ def test_an_elmoformanylangs_folder_url_is_fetched_file_by_file_and_converted(se
     assert not (home / hub.PARTIAL_DIR / entry.name).exists()  # the fetched files went with the staging
     assert [e for e in _entries(home) if not e.startswith("manylangs-")] == [entry.name]
 
-    with pytest.raises(ValueError, match=r"'config.json'.*the folder's URL ending in '/' \(also for an ELMoForManyLangs"):
+    with pytest.raises(ValueError, match=r"'config.json'.*the folder's URL ending in '/' \(also for an "
+                                         r"ELMoForManyLangs"):
         hub.model_source(url + "config.json")  # the folder is the model, not its config.json
     # A file the model needs that the folder lacks is named; nothing is cached.
     url = _serve(server, "efml-half", {k: v for k, v in files.items() if k != "encoder.pkl"})
