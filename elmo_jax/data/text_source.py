@@ -56,7 +56,7 @@ from elmo_jax.atomic import held_lock, owned_temp_dir, write_json
 from elmo_jax.chars import tokenize
 from elmo_jax.data.example_proto import example_text
 from elmo_jax.data.text_shards import byte_ranges, write_range
-from elmo_jax.textio import decode_line
+from elmo_jax.textio import decode_line, refuse_nul
 
 __all__ = [
     "SentenceSource",
@@ -122,6 +122,8 @@ class InMemorySource:
 
     def __init__(self, sentences):
         self._sentences = [tokenize(s) for s in sentences]
+        for i, tokens in enumerate(self._sentences):
+            refuse_nul(" ".join(tokens), f"sentence {i}")
         self._num_tokens = sum(len(s) for s in self._sentences)
 
     def __len__(self) -> int:
