@@ -71,3 +71,47 @@ def test_a_refused_preparation_leaves_no_empty_folder(tmp_path, monkeypatch, wor
     with pytest.raises(text_source.DataDiskFullError):
         text_source.prepare_local_text(str(text), tmp_path / "data", workers=workers)
     assert sorted(p.name for p in (tmp_path / "data").rglob("*")) == ["other_dataset"]
+
+
+# ==========================================================================================
+# A step that cannot fit is refused before the data is prepared, indexed and counted
+# ==========================================================================================
+
+@pytest.mark.parametrize("what", ["batch_size", "dim"])
+def test_a_step_that_cannot_fit_is_refused_before_anything_is_built(tmp_path, monkeypatch, what):
+    from elmo_jax.train import loop
+    from elmo_jax.train.memory import MemoryEstimateError
+    from tests.test_train import _cfg
+
+    cfg = _cfg(tmp_path, data_dir=None)  # the text is prepared beside the run, in WORKDIR/tfds
+    cfg = (cfg.replace(batch_size=10 ** 9) if what == "batch_size"
+           else cfg.replace(model_overrides={**cfg.model_overrides, "dim": 10 ** 8}))
+
+    def no_preparation(*args, **kwargs):
+        raise AssertionError("the data was prepared before the step's memory was checked")
+
+    monkeypatch.setattr(loop, "prepare_data", no_preparation)
+    with pytest.raises(MemoryEstimateError, match="the training step needs at least"):
+        loop.train(cfg, str(tmp_path / "run"), progress=False)
+    assert not (tmp_path / "run").exists()  # no tfds/, token_index/, vocab.txt
+
+
+def test_the_softmax_is_still_checked_once_the_vocabulary_is_known(tmp_path, monkeypatch):
+    """A step that fits with the fewest targets but not with the built vocabulary's."""
+    from elmo_jax.train import loop
+    from elmo_jax.train.memory import MemoryEstimateError
+    from tests.test_train import _cfg
+
+    sizes = []
+    real_check = loop.check_step_memory
+
+    def recording(cfg, model_config, vocab_size, *args):
+        sizes.append(vocab_size)
+        if vocab_size > 3:
+            raise MemoryEstimateError(f"vocabulary of {vocab_size} does not fit")
+        real_check(cfg, model_config, vocab_size, *args)
+
+    monkeypatch.setattr(loop, "check_step_memory", recording)
+    with pytest.raises(MemoryEstimateError, match="does not fit"):
+        loop.train(_cfg(tmp_path), str(tmp_path / "run"), progress=False)
+    assert sizes[0] == 3 and sizes[1] > 3 and len(sizes) == 2
