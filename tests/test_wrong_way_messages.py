@@ -50,3 +50,62 @@ def test_a_mistyped_option_gets_the_option_meant(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["export", str(tmp_path), str(tmp_path / "out"), "--ovewrite"])
     assert "(did you mean --overwrite?)" in capsys.readouterr().err
+
+
+# ==========================================================================================
+# A symlink loop is called one
+# ==========================================================================================
+
+def _loop(path):
+    path.symlink_to(path.name)  # a link to itself
+    return path
+
+
+def test_a_symlink_loop_is_named_as_one(tmp_path, capsys):
+    from elmo_jax import hub
+    from elmo_jax.embed_input import scan_input
+    from elmo_jax.train.checkpoints import Checkpoints
+    from elmo_jax.train.workdir import check_writable
+
+    loop = _loop(tmp_path / "loop")
+    two = tmp_path / "a"
+    two.symlink_to("b")
+    (tmp_path / "b").symlink_to("a")  # a -> b -> a
+    for path in (loop, two):
+        for call in (lambda: check_writable(str(path)), lambda: scan_input(path, 1, 1),
+                     lambda: hub.resolve_model(str(path))):
+            with pytest.raises(Exception, match=f"{path} is a symbolic link loop .*remove the link") as raised:
+                call()
+            assert "File exists" not in str(raised.value) and "is a file" not in str(raised.value)
+    run = tmp_path / "run"
+    run.mkdir()
+    _loop(run / "checkpoints")
+    with pytest.raises(Exception, match=r"checkpoints is a symbolic link loop"):
+        Checkpoints(run)
+    for argv in (["train", "--workdir", str(loop), "--config.max_steps=1"], ["export", str(loop), str(tmp_path / "o")],
+                 ["embed", str(loop), str(tmp_path / "o.hdf5"), "--top", "--preset", "tiny"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert "is a symbolic link loop" in err and len(err.strip().splitlines()) == 1, err
+
+
+# ==========================================================================================
+# The index rebuild's line does not ask to delete what it rebuilds
+# ==========================================================================================
+
+def test_the_index_rebuild_line_does_not_ask_to_delete_the_index(tmp_path):
+    from elmo_jax.data.text_source import InMemorySource
+    from elmo_jax.data.token_index import TokenIndex, TokenIndexError, open_or_build
+
+    source = InMemorySource([f"w{i % 7} x{i % 3} y" for i in range(40)])
+    folder = tmp_path / "index"
+    open_or_build(source, folder)
+    ids = folder / "ids.bin"
+    with open(ids, "r+b") as f:
+        f.truncate(ids.stat().st_size - 4)
+    with pytest.raises(TokenIndexError, match=r"ids.bin has .* bytes.*damaged: delete .* and it is rebuilt"):
+        TokenIndex.open(folder)  # a caller that does not rebuild is told how
+    logs = []
+    open_or_build(source, folder, log=logs.append)
+    rebuild = [line for line in logs if "rebuilding the token index" in line]
+    assert len(rebuild) == 1 and "ids.bin has" in rebuild[0] and "delete" not in rebuild[0], logs

@@ -41,7 +41,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from elmo_jax.errors import ElmoError, exception_chain as _chain, is_disk_full
+from elmo_jax.errors import ElmoError, exception_chain as _chain, is_disk_full, symlink_loop
 from elmo_jax.storage_echoes import drop_closed_loop_echoes
 
 
@@ -129,6 +129,9 @@ class Checkpoints:
         """``create=False`` for readers (eval, export): a missing folder is not made."""
         self.workdir = os.path.abspath(os.fspath(workdir))
         self.directory = os.path.join(self.workdir, "checkpoints")
+        loop = symlink_loop(self.directory)
+        if loop is not None:
+            raise CheckpointError(f"the folder of checkpoints {loop}, and run the same command again")
         if os.path.lexists(self.directory) and not os.path.isdir(self.directory):
             raise CheckpointError(
                 f"{self.directory} is a file, not the folder of checkpoints; move it out of the way "

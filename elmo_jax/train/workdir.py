@@ -40,7 +40,7 @@ import numpy as np
 
 from elmo_jax.atomic import file_sha256, write_json
 from elmo_jax.config import ElmoConfig
-from elmo_jax.errors import ElmoError
+from elmo_jax.errors import ElmoError, symlink_loop
 from elmo_jax.train import distributed
 from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError, check_vocabulary_size
 from elmo_jax.train.config_loader import TrainConfig
@@ -70,6 +70,9 @@ class WorkdirBusyError(TrainingError):
 
 def check_writable(workdir: str) -> None:
     """Create ``workdir`` if needed; refuse one this process cannot write to."""
+    loop = symlink_loop(workdir)
+    if loop is not None:
+        raise TrainingError(f"workdir {loop}; or choose another --workdir")
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise TrainingError(f"workdir {workdir} is a file, not a folder; choose another --workdir")
     try:
