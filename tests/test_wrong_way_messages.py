@@ -103,7 +103,7 @@ def test_the_index_rebuild_line_does_not_ask_to_delete_the_index(tmp_path):
     ids = folder / "ids.bin"
     with open(ids, "r+b") as f:
         f.truncate(ids.stat().st_size - 4)
-    with pytest.raises(TokenIndexError, match=r"ids.bin has .* bytes.*damaged: delete .* and it is rebuilt"):
+    with pytest.raises(TokenIndexError, match=r"ids.bin has .* bytes.*damaged[:;] delete .* and it is rebuilt"):
         TokenIndex.open(folder)  # a caller that does not rebuild is told how
     logs = []
     open_or_build(source, folder, log=logs.append)
