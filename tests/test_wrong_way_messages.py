@@ -109,3 +109,88 @@ def test_the_index_rebuild_line_does_not_ask_to_delete_the_index(tmp_path):
     open_or_build(source, folder, log=logs.append)
     rebuild = [line for line in logs if "rebuilding the token index" in line]
     assert len(rebuild) == 1 and "ids.bin has" in rebuild[0] and "delete" not in rebuild[0], logs
+
+
+# ==========================================================================================
+# A resumed run's checkpoint against a changed config or a re-saved vocab.txt
+# ==========================================================================================
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    """Two steps with a checkpoint at 2."""
+    from elmo_jax.train.loop import train
+    from tests.test_train import _cfg
+
+    tmp = tmp_path_factory.mktemp("trained")
+    cfg = _cfg(tmp, max_steps=2, checkpoint_every=2)
+    train(cfg, str(tmp / "run"), progress=False, log=lambda _: None)
+    return cfg, tmp / "run"
+
+
+def _copy(trained_run, tmp_path):
+    import shutil
+
+    cfg, run = trained_run
+    shutil.copytree(run, tmp_path / "run")
+    return cfg, tmp_path / "run"
+
+
+def test_a_changed_model_without_config_json_names_the_field(trained_run, tmp_path):
+    from elmo_jax.train.loop import train
+    from elmo_jax.train.workdir import TrainingError
+
+    cfg, work = _copy(trained_run, tmp_path)
+    (work / "config.json").unlink()
+    dim = cfg.model_overrides["dim"]
+    changed = cfg.replace(model_overrides={**cfg.model_overrides, "dim": 2 * dim})
+    with pytest.raises(TrainingError) as raised:
+        train(changed, str(work), progress=False, log=lambda _: None)
+    message = str(raised.value)
+    assert f"model_overrides.dim: checkpoint has {dim}, this run has {2 * dim}" in message, message
+    assert "config.json, which holds the run's config, is missing" in message and "strict" not in message
+    assert "resume with the checkpoint's values, or start a new --workdir" in message
+
+
+@pytest.mark.parametrize("resave", ["crlf", "bom"])
+def test_a_vocabulary_resaved_with_a_bom_or_crlf_says_so(trained_run, tmp_path, resave):
+    from elmo_jax.train.loop import train
+    from elmo_jax.train.workdir import TrainingError
+
+    cfg, work = _copy(trained_run, tmp_path)
+    vocab = work / "vocab.txt"
+    original = vocab.read_bytes()
+    vocab.write_bytes(original.replace(b"\n", b"\r\n") if resave == "crlf" else b"\xef\xbb\xbf" + original)
+    logs = []
+    with pytest.raises(TrainingError) as raised:
+        train(cfg.replace(max_steps=3), str(work), progress=False, log=logs.append)
+    message = str(raised.value)
+    what = "its line ends (CRLF where the run's file has LF)" if resave == "crlf" else "a byte-order mark at its start"
+    assert "vocab.txt differs from the vocabulary" in message and f"only in {what}" in message, message
+    assert "the words and their order are the same" in message and "rows follow" not in message, message
+    # the run's own vocabulary is not "used as given" on the way to this refusal
+    assert not [line for line in logs if "as given" in line], logs
+    vocab.write_bytes(original)
+
+
+def test_the_runs_own_vocabulary_is_not_called_the_users(trained_run, tmp_path):
+    """vocab_source.json gone (a run of an earlier version, or deleted): a resume says nothing
+    about the vocabulary; a new run that finds a built vocab.txt edited says so."""
+    from elmo_jax.train.loop import train
+
+    cfg, work = _copy(trained_run, tmp_path)
+    (work / "vocab_source.json").unlink()
+    logs = []
+    summary = train(cfg.replace(max_steps=3), str(work), progress=False, log=logs.append)
+    assert summary["step"] == 3
+    assert not [line for line in logs if "as given" in line or "not built by this package" in line], logs
+
+    cfg, fresh = _copy(trained_run, tmp_path / "fresh")
+    import shutil
+
+    shutil.rmtree(fresh / "checkpoints")
+    vocab = fresh / "vocab.txt"
+    vocab.write_bytes(vocab.read_bytes().replace(b"\n", b"\r\n"))
+    logs = []
+    train(cfg.replace(max_steps=1), str(fresh), progress=False, log=logs.append)
+    given = [line for line in logs if "as given" in line]
+    assert len(given) == 1 and "changed after this package built it" in given[0], logs

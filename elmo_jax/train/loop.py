@@ -138,8 +138,8 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     pretrained_start = latest is None and pretrained is not None
     if latest is not None:
         latest, train_state, lstm_state, meta = restore_newest(
-            ckpts, train_state, lstm_state, global_batch=global_batch, n_devices=n_devices, mesh=mesh, log=log)
-        check_run_inputs(meta, ckpts.path(latest), workdir, cfg.to_dict())
+            ckpts, train_state, lstm_state, global_batch=global_batch, n_devices=n_devices, mesh=mesh, log=log,
+            check_meta=lambda meta, path: check_run_inputs(meta, path, workdir, cfg.to_dict()))
         resume_data_position(batcher, meta, ckpts.path(latest), data_content)
         start_step = int(meta["step"])
         log(f"resuming from {ckpts.path(latest)} (step {start_step})")

@@ -157,8 +157,10 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
     wanted = _vocab_source(cfg, train)
     if process_index == 0 and os.path.exists(vocab_path):
         built = _read_vocab_source(source_path, vocab_path)
-        if built is None:
-            log(f"using the vocabulary in {vocab_path} as given (it was not built by this package)")
+        if built is None and may_rebuild:  # resuming, it is the run's own: its checkpoint's record checks it
+            why = ("it was changed after this package built it: its SHA-256 differs from the one in "
+                   f"{VOCAB_SOURCE_FILE}" if os.path.exists(source_path) else "it was not built by this package")
+            log(f"using the vocabulary in {vocab_path} as given ({why})")
         elif built != wanted and may_rebuild:  # with a checkpoint, train() names what changed
             _stale(f"{vocab_path} was built for {built}, this run asks for {wanted}", may_rebuild, log)
             os.remove(vocab_path)
