@@ -194,3 +194,34 @@ def test_the_runs_own_vocabulary_is_not_called_the_users(trained_run, tmp_path):
     train(cfg.replace(max_steps=1), str(fresh), progress=False, log=logs.append)
     given = [line for line in logs if "as given" in line]
     assert len(given) == 1 and "changed after this package built it" in given[0], logs
+
+
+def test_a_checkpoint_of_another_model_names_the_array_not_orbax(trained_run):
+    """Without the record's config check (a checkpoint of an earlier version records no
+    config digest), orbax's advice ("set strict=False in ArrayRestoreArgs") is replaced by
+    the array, both shapes and the fix; with host templates as with placed ones."""
+    import jax
+
+    from elmo_jax.model.lstm import zero_state
+    from elmo_jax.train.checkpoints import CheckpointError, Checkpoints
+    from elmo_jax.train.step import init_train_state, make_optimizer
+
+    cfg, work = trained_run
+    changed = cfg.replace(model_overrides={**cfg.model_overrides, "dim": 2 * cfg.model_overrides["dim"]})
+    optimizer = make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.initial_accumulator, cfg.clip_norm)
+    ckpts = Checkpoints(work, create=False)
+    meta = ckpts.read_meta(2)
+    template = jax.eval_shape(lambda: (
+        init_train_state(jax.random.key(0), changed.elmo_config(), meta["vocab_size"], optimizer),
+        zero_state(changed.elmo_config(), meta["global_batch"])))
+    one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+    placed = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), template)
+    try:
+        for tree in (placed, template):
+            with pytest.raises(CheckpointError) as raised:
+                ckpts.restore(tree, 2)
+            message = str(raised.value)
+            assert "was trained with another model" in message and "strict" not in message, message
+            assert "(first train state params/bilm/" in message and "model_overrides" in message, message
+    finally:
+        ckpts.close()
