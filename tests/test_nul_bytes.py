@@ -84,3 +84,10 @@ def test_elmo_embed_refuses_a_nul_in_a_sentence():
     with pytest.raises(NulByteError, match="sentence 0: holds a NUL byte"):
         elmo.embed([["a", "b\x00"]])
     assert [a.shape for a in elmo.embed(["the dog"], layers="top")] == [(2, elmo.config.output_dim)]
+
+
+def test_a_vocabulary_with_a_nul_token_is_not_written(tmp_path):
+    """What every reader refuses is not written either (a vocabulary built from token lists)."""
+    with pytest.raises(ValueError, match=r"'\\x00dog' \(id 3\) cannot be written .*a NUL byte"):
+        Vocabulary(["<S>", "</S>", "<UNK>", "\x00dog"]).save(tmp_path / "vocab.txt")
+    assert not (tmp_path / "vocab.txt").exists()
