@@ -77,6 +77,10 @@ def test_a_symlink_loop_is_named_as_one(tmp_path, capsys):
             with pytest.raises(Exception, match=f"{path} is a symbolic link loop .*remove the link") as raised:
                 call()
             assert "File exists" not in str(raised.value) and "is a file" not in str(raised.value)
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(Exception, match=r"dangling is a symbolic link to .*nowhere, which does not exist"):
+        check_writable(str(dangling))
     run = tmp_path / "run"
     run.mkdir()
     _loop(run / "checkpoints")

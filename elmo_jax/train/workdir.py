@@ -73,6 +73,9 @@ def check_writable(workdir: str) -> None:
     loop = symlink_loop(workdir)
     if loop is not None:
         raise TrainingError(f"workdir {loop}; or choose another --workdir")
+    if os.path.islink(workdir) and not os.path.exists(workdir):  # else makedirs says only "File exists"
+        raise TrainingError(f"workdir {workdir} is a symbolic link to {os.readlink(workdir)}, which does not exist; "
+                            f"create that folder, remove the link, or choose another --workdir")
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise TrainingError(f"workdir {workdir} is a file, not a folder; choose another --workdir")
     try:
