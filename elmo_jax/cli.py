@@ -48,7 +48,7 @@ def _train(args: argparse.Namespace) -> int:
     _quiet_data_preparation()
     cfg, rest = parse_config_args(args.config_args)
     if rest:
-        raise ValueError(f"unrecognised arguments: {' '.join(rest)}")
+        raise ValueError(_unrecognised(rest, getattr(args, "known_options", ())))
     if not _maybe_init_distributed(args):
         return _train_run(args, cfg)
     return _run_in_process_group("train", lambda: _train_run(args, cfg))
@@ -432,10 +432,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
+    args.known_options = _options_of(parser, args.command)
     if args.command == "train":
         args.config_args = extra
     elif extra:
-        parser.error(f"unrecognised arguments: {' '.join(extra)}")
+        parser.error(_unrecognised(extra, args.known_options))
     try:
         with _stop_at_once(args.command):
             return args.func(args)
@@ -448,6 +449,23 @@ def main(argv: list[str] | None = None) -> int:
         name = e.args[0] if isinstance(e, Stopped) and e.args else "SIGINT"
         print(f"elmo-jax {args.command}: stopped by {name}", file=sys.stderr)
         return exit_status(name)
+
+
+def _options_of(parser: argparse.ArgumentParser, command: str | None) -> list[str]:
+    """The option strings (``--workdir``, ...) of ``command``'s subparser."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction) and command in action.choices:
+            return [o for a in action.choices[command]._actions for o in a.option_strings if o.startswith("--")]
+    return []
+
+
+def _unrecognised(extra: list[str], options) -> str:
+    """``unrecognised arguments: ...``, with the option meant by a mistyped one."""
+    from elmo_jax.train.config_loader import did_you_mean
+
+    hints = [did_you_mean(a.split("=", 1)[0], options, spell=str).strip() for a in extra if a.startswith("--")]
+    hints = [h for h in hints if h]
+    return f"unrecognised arguments: {' '.join(extra)}" + (" " + " ".join(hints) if hints else "")
 
 
 def _stop_at_once(command: str):

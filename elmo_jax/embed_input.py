@@ -16,7 +16,7 @@ import dataclasses
 import hashlib
 import os
 
-from elmo_jax.errors import ElmoError
+from elmo_jax.errors import ElmoError, refuse_symlink_loop
 from elmo_jax.textio import decode_line
 
 GROUP_LINES = 2048
@@ -47,6 +47,7 @@ class InputScan:
 
 
 def _open_input(path: str):
+    refuse_symlink_loop(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"input file not found: {path}")
     if os.path.isdir(path):

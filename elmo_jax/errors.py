@@ -4,6 +4,7 @@ that says what is wrong and how to fix it (the CLI prints it without a traceback
 from __future__ import annotations
 
 import errno
+import os
 
 
 class ElmoError(Exception):
@@ -37,3 +38,23 @@ def is_disk_full(e: BaseException) -> bool:
         if "No space left on device" in text or "Disk quota exceeded" in text:
             return True
     return False
+
+
+def symlink_loop(path: str | os.PathLike) -> str | None:
+    """A sentence naming ``path`` as a symbolic link loop (a link that leads, directly or
+    through other links, back to itself: neither a file nor a folder, and ``exists()`` is
+    False for it), or None when it is not one."""
+    try:
+        os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            return (f"{os.fspath(path)} is a symbolic link loop (following it leads back to it, so it is neither "
+                    f"a file nor a folder); remove the link (rm {os.fspath(path)}) or point it at a real path")
+    return None
+
+
+def refuse_symlink_loop(path: str | os.PathLike) -> None:
+    """Raise :class:`ElmoError` with :func:`symlink_loop`'s sentence if ``path`` is one."""
+    message = symlink_loop(path)
+    if message is not None:
+        raise ElmoError(message)

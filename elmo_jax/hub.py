@@ -77,7 +77,7 @@ from types import MappingProxyType
 from elmo_jax import __version__
 from elmo_jax.atomic import file_sha256, write_json
 from elmo_jax.config import ElmoConfig
-from elmo_jax.errors import ElmoError
+from elmo_jax.errors import ElmoError, refuse_symlink_loop
 from elmo_jax.weights import load_weights
 
 try:
@@ -218,6 +218,8 @@ def resolve_model(spec: str | os.PathLike, *, offline: bool | None = None, progr
         raise ValueError(f"no model given: name a model folder, a released model "
                          f"({', '.join(RELEASED_MODELS)}) or an http(s):// URL")
     path = None if is_url(spec) else Path(spec)
+    if path is not None:
+        refuse_symlink_loop(path)
     if path is not None and path.is_dir():  # a folder wins over a name: ./small over "small"
         return _local_folder(path)
     if path is not None and not is_model_spec(spec):

@@ -1,4 +1,11 @@
-"""Reading user text files: one line of bytes -> str, with an error that names the line."""
+"""Reading user text files: one line of bytes -> str, with an error that names the line.
+
+A NUL byte (``\\x00``) is refused here, for every text this package reads (training text,
+vocabulary files, ``elmo-jax embed`` input, sentences given to ``Elmo.embed``): it is
+never a character of a word, it cannot be written to every output (HDF5 strings end at
+it) and a file that holds one is almost always binary or damaged.  The refusal names the
+file and line (or the sentence) and how to remove the bytes.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,26 @@ UTF8_BOM = "\ufeff"
 HDF5_SIGNATURE = b"\x89HDF\r\n\x1a\n"
 """The first bytes of every HDF5 file (weights, token caches), told apart from text."""
 UTF16_BOMS = (b"\xff\xfe", b"\xfe\xff")
+NUL = "\x00"
+NUL_FIX = "remove the NUL bytes first, e.g. tr -d '\\000' < in.txt > clean.txt"
+
+
+class NulByteError(TextEncodingError):
+    """Text that holds a NUL byte (see the module docstring)."""
+
+
+def nul_refusal(where: str, column: int) -> NulByteError:
+    """The error for a NUL at 0-based ``column`` (byte or character) of ``where``
+    (``"path, line 3"`` or ``"sentence 5"``)."""
+    return NulByteError(f"{where}: holds a NUL byte (\\x00, at position {column}); text must not hold "
+                        f"NUL bytes (a binary or damaged file?): {NUL_FIX}")
+
+
+def refuse_nul(text: str, where: str) -> None:
+    """Raise :func:`nul_refusal` if ``text`` holds a NUL character."""
+    column = text.find(NUL)
+    if column >= 0:
+        raise nul_refusal(where, column)
 
 
 def decode_line(raw: bytes, path: str, lineno: int) -> str:
@@ -20,7 +47,11 @@ def decode_line(raw: bytes, path: str, lineno: int) -> str:
 
     On line 1 a UTF-8 byte-order mark (which some Windows editors write) is dropped:
     otherwise it would become part of the first word and silently change its vectors.
+    A NUL byte is refused (:class:`NulByteError`, module docstring).
     """
+    column = raw.find(b"\x00")
+    if column >= 0 and not (lineno == 1 and raw.startswith(UTF16_BOMS + (HDF5_SIGNATURE[:4],))):
+        raise nul_refusal(f"{path}, line {lineno}", column)
     try:
         text = raw.decode("utf-8")
         return text[1:] if lineno == 1 and text.startswith(UTF8_BOM) else text

@@ -111,7 +111,8 @@ def test_get_config_may_return_a_dict(tmp_path):
     cfg = load_config(p)
     assert cfg.batch_size == 8 and cfg.epochs == 1
     p.write_text("def get_config():\n    return {'batchsize': 8}\n")
-    with pytest.raises(ConfigError, match="unknown config key 'batchsize'; valid keys: model"):
+    with pytest.raises(ConfigError,
+                       match=r"unknown config key 'batchsize' \(did you mean 'batch_size'\?\); valid keys: model"):
         load_config(p)
     p.write_text("def get_config():\n    return 3\n")
     with pytest.raises(ConfigError, match="expected a TrainConfig"):
@@ -239,7 +240,7 @@ def test_unknown_key_lists_valid_keys():
     assert "unknown config key 'batchsize'" in msg
     for f in ("batch_size", "learning_rate", "model_overrides", "parallel"):
         assert f in msg
-    with pytest.raises(ConfigError, match="unknown model_overrides key 'dimm'; valid: .*dim"):
+    with pytest.raises(ConfigError, match=r"unknown model_overrides key 'dimm' \(did you mean 'dim'\?\); valid: .*dim"):
         apply_overrides(TrainConfig(), ["model_overrides.dimm=3"])
     with pytest.raises(ConfigError, match="batch_size is not a dict"):
         apply_overrides(TrainConfig(), ["batch_size.x=3"])

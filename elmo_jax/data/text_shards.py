@@ -95,10 +95,15 @@ def _read_lines(path: str, start: int, stop: int) -> tuple[int, bytes]:
 def _decode(block: bytes, path: str, begin: int) -> str:
     """``block`` (whole lines from byte ``begin``) as text, as :func:`decode_line` decodes
     each line: the block at once (a newline is never part of a multi-byte character, so
-    the block decodes iff each line does), and line by line only to report an error."""
-    try:
-        text = block.decode("utf-8")
-    except UnicodeDecodeError:
+    the block decodes iff each line does), and line by line only to report an error (a
+    line that is not UTF-8 or holds a NUL byte)."""
+    text = None
+    if b"\x00" not in block:
+        try:
+            text = block.decode("utf-8")
+        except UnicodeDecodeError:
+            pass
+    if text is None:
         lineno = _line_number(path, begin)
         for raw in block.split(b"\n"):
             decode_line(raw, path, lineno)  # raises for the first bad line, naming it
@@ -115,8 +120,8 @@ def write_range(path: str, start: int, stop: int, shard_path: str) -> dict:
     (each sentence's tokens joined by spaces, then a newline: what the content digest
     hashes) and ``cpu_s`` (this process's CPU time for the range).  As in the one-process
     path, lines end at ``\n`` only, tokens are split on whitespace, blank lines are skipped,
-    a UTF-8 byte-order mark at the start of the file is dropped and invalid UTF-8 raises
-    :class:`~elmo_jax.textio.TextEncodingError` naming the line.
+    a UTF-8 byte-order mark at the start of the file is dropped and invalid UTF-8 (or a NUL
+    byte) raises :class:`~elmo_jax.textio.TextEncodingError` naming the line.
     """
     from array_record.python.array_record_module import ArrayRecordWriter
 

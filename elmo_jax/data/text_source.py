@@ -56,7 +56,7 @@ from elmo_jax.atomic import held_lock, owned_temp_dir, write_json
 from elmo_jax.chars import tokenize
 from elmo_jax.data.example_proto import example_text
 from elmo_jax.data.text_shards import byte_ranges, write_range
-from elmo_jax.textio import decode_line
+from elmo_jax.textio import decode_line, refuse_nul
 
 __all__ = [
     "SentenceSource",
@@ -122,6 +122,8 @@ class InMemorySource:
 
     def __init__(self, sentences):
         self._sentences = [tokenize(s) for s in sentences]
+        for i, tokens in enumerate(self._sentences):
+            refuse_nul(" ".join(tokens), f"sentence {i}")
         self._num_tokens = sum(len(s) for s in self._sentences)
 
     def __len__(self) -> int:
@@ -397,13 +399,36 @@ def prepare_local_text(
     # One preparation of a dataset at a time (runs sharing data_dir): under the lock, a
     # folder TFDS was preparing in (incomplete.*) is a killed preparation's leftover.
     parent = os.path.dirname(builder.data_dir)
-    os.makedirs(parent, exist_ok=True)
-    with held_lock(os.path.join(parent, _PREPARE_LOCK)):
-        if os.path.isfile(marker):  # prepared by another run while this one waited
-            builder = ElmoLocalText(config=config, data_dir=data_dir, file_format="array_record")
-            return builder, {**read_marker(), "files": files, "prepared_now": False}
-        _remove_tfds_leftovers(parent)
-        return _prepare(builder, config, data_dir, files, workers, marker)
+    new_folders = _folders_not_yet_made(data_dir, parent)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        with held_lock(os.path.join(parent, _PREPARE_LOCK)):
+            if os.path.isfile(marker):  # prepared by another run while this one waited
+                builder = ElmoLocalText(config=config, data_dir=data_dir, file_format="array_record")
+                return builder, {**read_marker(), "files": files, "prepared_now": False}
+            _remove_tfds_leftovers(parent)
+            return _prepare(builder, config, data_dir, files, workers, marker)
+    except BaseException:
+        _remove_empty_folders(new_folders)  # a refused or failed preparation leaves no empty shell
+        raise
+
+
+def _folders_not_yet_made(data_dir: str, parent: str) -> list[str]:
+    """The folders a preparation in ``data_dir`` may create (the dataset's ``parent``, TFDS's
+    ``downloads/extracted``) that do not exist yet, each before the folder holding it."""
+    folders = [parent, os.path.dirname(parent), os.path.join(data_dir, "downloads", "extracted"),
+               os.path.join(data_dir, "downloads"), data_dir]
+    return [p for p in folders if not os.path.exists(p)]
+
+
+def _remove_empty_folders(folders: Sequence[str]) -> None:
+    """Remove those of ``folders`` that are empty (in order: a folder emptied by an earlier
+    removal goes too); one that another run has put something in stays."""
+    for path in folders:
+        try:
+            os.rmdir(path)
+        except OSError:
+            pass
 
 
 def _prepare(builder: ElmoLocalText, config: LocalTextConfig, data_dir: str, files: list[str], workers: int,
@@ -438,6 +463,32 @@ def _remove_tfds_leftovers(parent: str) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+# What ArrayRecord adds to each sentence, as measured (tests/test_preparation_space.py): a
+# chunk of its own (group_size:1) with its header and index entry, and the tf.train.Example
+# around the text: 75-87 bytes per line of 1-40 tokens, on top of at most the text's bytes
+# (longer records are compressed a little).  Rounded up, so that the estimate is a bound.
+_BYTES_PER_LINE = 96
+_METADATA_BYTES = 64 << 10  # dataset_info.json, features.json, the marker
+
+
+def prepared_bytes_estimate(files: Sequence[str]) -> int:
+    """About the most bytes the prepared copy of ``files`` takes: their bytes, plus
+    :data:`_BYTES_PER_LINE` per line, plus the metadata (one pass to count the lines)."""
+    total = lines = 0
+    for path in files:
+        last = b"\n"
+        try:
+            with open(path, "rb") as f:
+                while block := f.read(1 << 22):
+                    total += len(block)
+                    lines += block.count(b"\n")
+                    last = block[-1:]
+        except OSError:
+            continue
+        lines += last != b"\n"  # a last line without its newline
+    return total + lines * _BYTES_PER_LINE + _METADATA_BYTES
+
+
 class DataDiskFullError(ElmoError, OSError):
     """No space left to prepare the text; nothing half-written was kept."""
 
@@ -445,13 +496,13 @@ class DataDiskFullError(ElmoError, OSError):
 @contextlib.contextmanager
 def _disk_full_named(files: Sequence[str], data_dir: str) -> Iterator[None]:
     """A full disk while preparing (however the writer or a worker words it) -> one line
-    with the space needed (about the text's size) and what is free."""
+    with the space needed (:func:`prepared_bytes_estimate`) and what is free."""
     try:
         yield
     except Exception as e:
         if not is_disk_full(e):
             raise
-        needed = sum(os.path.getsize(p) for p in files if os.path.exists(p))
+        needed = prepared_bytes_estimate(files)
         try:
             free = f"{shutil.disk_usage(data_dir).free / 2**20:.1f} MiB are free"
         except OSError:

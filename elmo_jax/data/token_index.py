@@ -66,6 +66,16 @@ _FILES = ("types.json", "counts.npy", "offsets.bin", "ids.bin")  # meta.json rec
 class TokenIndexError(ElmoError):
     """A token index folder that cannot be used (incomplete, damaged, of another version)."""
 
+    problem: str = ""
+    """What is wrong, without the fix (what :func:`open_or_build` says while it rebuilds)."""
+
+
+def _unusable(problem: str, folder: str) -> TokenIndexError:
+    """``problem`` with the fix a caller that does not rebuild needs: delete ``folder``."""
+    error = TokenIndexError(f"{problem}: delete {folder} and it is rebuilt")
+    error.problem = problem
+    return error
+
 
 class TokenIndex:
     """Sentences as type ids (see the module docstring).  Use :meth:`open` or
@@ -89,8 +99,7 @@ class TokenIndex:
         folder = os.fspath(folder)
         meta = read_meta(folder)
         if meta is None:
-            raise TokenIndexError(f"{folder} holds no complete token index (no readable meta.json): delete it "
-                                  f"and it is rebuilt")
+            raise _unusable(f"{folder} holds no complete token index (no readable meta.json)", folder)
         n, N, V = meta["sentences"], meta["tokens"], meta["types"]
         # every file as long as when it was written (the arrays' sizes follow from the counts)
         expected = {**meta["bytes"], "offsets.bin": 8 * (n + 1), "ids.bin": 4 * N}
@@ -98,20 +107,18 @@ class TokenIndex:
             path = os.path.join(folder, name)
             found = os.path.getsize(path) if os.path.exists(path) else None
             if found != size:
-                raise TokenIndexError(f"{path} has {found} bytes, its meta.json says {size}: the index is damaged; "
-                                      f"delete {folder} and it is rebuilt")
+                raise _unusable(f"{path} has {found} bytes, its meta.json says {size}: the index is damaged", folder)
         for name in _FILES if verify else ():
             path = os.path.join(folder, name)
             if file_sha256(path) != meta["sha256"][name]:
-                raise TokenIndexError(f"{path} is not the file that was written (its SHA-256 differs from "
-                                      f"meta.json's): the index is damaged; delete {folder} and it is rebuilt")
+                raise _unusable(f"{path} is not the file that was written (its SHA-256 differs from meta.json's): "
+                                f"the index is damaged", folder)
         try:
             counts = np.load(os.path.join(folder, "counts.npy"), mmap_mode="r")
         except (OSError, ValueError) as e:
-            raise TokenIndexError(f"{folder}/counts.npy is unreadable ({e}): delete {folder} and it is rebuilt") from None
+            raise _unusable(f"{folder}/counts.npy is unreadable ({e})", folder) from None
         if counts.shape != (V,):
-            raise TokenIndexError(f"{folder}/counts.npy holds {counts.shape}, expected ({V},): delete {folder} "
-                                  f"and it is rebuilt")
+            raise _unusable(f"{folder}/counts.npy holds {counts.shape}, expected ({V},)", folder)
         return cls(_map(os.path.join(folder, "offsets.bin"), np.int64, n + 1),
                    _map(os.path.join(folder, "ids.bin"), np.int32, N), counts, None, meta["content_id"], folder)
 
@@ -418,7 +425,7 @@ def open_or_build(source, folder: str | os.PathLike, workers: int = 0, log: Call
             if not may_build:
                 raise
             if log is not None:
-                log(f"rebuilding the token index: {e}")
+                log(f"rebuilding the token index, which could not be used: {e.problem or e}")
     elif not may_build:
         raise TokenIndexError(f"{folder} holds no token index of this data (content {wanted})")
     if log is not None:

@@ -138,10 +138,10 @@ class Vocabulary:
     def save(self, path: str | os.PathLike) -> None:
         """Write one token per line, UTF-8, ``\\n`` line ends, in id order (atomically)."""
         for i, tok in enumerate(self._tokens):
-            if not tok or tok != tok.strip() or any(ch in tok for ch in "\n\r"):
+            if not tok or tok != tok.strip() or any(ch in tok for ch in "\n\r\x00"):
                 raise ValueError(
                     f"token {tok!r} (id {i}) cannot be written to a vocabulary file: it is "
-                    "empty or contains line breaks / surrounding whitespace"
+                    "empty or contains line breaks / surrounding whitespace / a NUL byte"
                 )
         with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8", newline="\n") as f:
             for tok in self._tokens:

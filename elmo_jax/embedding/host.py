@@ -25,6 +25,7 @@ import numpy as np
 from elmo_jax import chars
 from elmo_jax.embedding.buckets import row_bucket, round_to_devices, time_bucket
 from elmo_jax.lookahead import ahead
+from elmo_jax.textio import refuse_nul
 
 Sentence = str | Sequence[str]
 
@@ -42,13 +43,15 @@ def sentence_list(sentences: Sequence[Sentence]) -> list[Sentence]:
 
 def token_lists(sentences: list[Sentence]) -> list[list[str]]:
     """Each sentence as a token list; an error names the sentence's index.  An empty-string
-    token is refused: it would be embedded as a word with no characters."""
+    token is refused: it would be embedded as a word with no characters; so is a NUL
+    character (:mod:`elmo_jax.textio`)."""
     out = []
     for i, sentence in enumerate(sentences):
         try:
             tokens = chars.tokenize(sentence)
         except TypeError as e:
             raise TypeError(f"sentence {i}: {e}") from None
+        refuse_nul(sentence if isinstance(sentence, str) else " ".join(tokens), f"sentence {i}")
         if not isinstance(sentence, str) and not all(tokens):  # str.split() never gives an empty token
             raise ValueError(
                 f"sentence {i}: token {[bool(t) for t in tokens].index(False)} is an empty string: a token needs "

@@ -34,6 +34,7 @@ import errno
 import gc
 import logging
 import os
+import re
 import shutil
 from typing import Any
 
@@ -41,7 +42,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from elmo_jax.errors import ElmoError, exception_chain as _chain, is_disk_full
+from elmo_jax.errors import ElmoError, exception_chain as _chain, is_disk_full, symlink_loop
 from elmo_jax.storage_echoes import drop_closed_loop_echoes
 
 
@@ -129,6 +130,9 @@ class Checkpoints:
         """``create=False`` for readers (eval, export): a missing folder is not made."""
         self.workdir = os.path.abspath(os.fspath(workdir))
         self.directory = os.path.join(self.workdir, "checkpoints")
+        loop = symlink_loop(self.directory)
+        if loop is not None:
+            raise CheckpointError(f"the folder of checkpoints {loop}, and run the same command again")
         if os.path.lexists(self.directory) and not os.path.isdir(self.directory):
             raise CheckpointError(
                 f"{self.directory} is a file, not the folder of checkpoints; move it out of the way "
@@ -223,6 +227,9 @@ class Checkpoints:
                 raise DamagedCheckpointError(step, self.path(step), damage) from None
             if not isinstance(e, (ValueError, KeyError, TypeError)):
                 raise
+            differences = self._shape_differences(step, abstract)
+            if differences:
+                raise self._another_model(step, differences) from None
             raise CheckpointError(
                 f"checkpoint {self.path(step)} does not fit this run's model/optimizer/batch "
                 f"layout: {e}"
@@ -230,11 +237,44 @@ class Checkpoints:
         state = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else np.asarray(x), out["state"])
         for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(abstract)):
             if got.shape != want.shape:
+                differences = self._shape_differences(step, abstract)
+                if differences:
+                    raise self._another_model(step, differences)
                 raise CheckpointError(
                     f"checkpoint {self.path(step)} holds an array of shape {got.shape} where this "
                     f"run expects {want.shape}"
                 )
         return state, out["meta"]
+
+    def _another_model(self, step: int, differences: list[str]) -> CheckpointError:
+        return CheckpointError(
+            f"checkpoint {self.path(step)} was trained with another model: {len(differences)} of its arrays have "
+            f"other shapes than this run's (first {differences[0]}). The run's model config (model, "
+            f"model_overrides) differs from the checkpoint's: resume with the run's own config (its config.json; "
+            f"the checkpoint's record holds it too), or start a new --workdir")
+
+    def _shape_differences(self, step: int, template: Any) -> list[str]:
+        """``"ARRAY: checkpoint SHAPE, this run SHAPE"`` for each array of ``step`` whose
+        recorded shape differs from ``template``'s (parameters first); empty if unknown."""
+        self._logs.holding = True  # orbax's warning that the item has no checkpoint-level metadata
+        try:
+            with ocp.StandardCheckpointer() as reader:
+                recorded = reader.metadata(os.path.join(self.path(step), "state"))
+        except Exception:
+            return []
+        finally:
+            self._logs.release(emit=False)
+        has_shape = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")  # noqa: E731
+
+        def shapes(tree) -> dict[tuple[str, ...], tuple[int, ...]]:  # path as names: ['a'][0] and .a[0] alike
+            leaves = jax.tree_util.tree_flatten_with_path(tree, is_leaf=has_shape)[0]
+            return {tuple(re.findall(r"\w+", jax.tree_util.keystr(k))): tuple(v.shape) for k, v in leaves}
+
+        got, want = shapes(getattr(recorded, "item_metadata", recorded)), shapes(template)
+        differ = [k for k in want if k in got and got[k] != want[k]]
+        differ.sort(key=lambda k: "params" not in k[:2])  # a parameter before its optimizer state
+        part = {"0": "train state", "1": "LSTM state"}
+        return [f"{part.get(k[0], k[0])} {'/'.join(k[1:])}: checkpoint {got[k]}, this run {want[k]}" for k in differ]
 
     def _damage(self, step: int) -> str | None:
         """Why ``step`` cannot be read back with its own recorded shapes; None if it can (a

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import difflib
 import functools
 import math
 import importlib.util
@@ -333,9 +334,11 @@ def resolve_config_path(path: str | os.PathLike) -> Path:
     ``configs/small.py``."""
     p = Path(path)
     candidates = [p]
+    root = _repo_root()
     if not p.is_absolute():
-        root = _repo_root()
-        candidates += [root / p, root / "configs" / p]
+        candidates += [root / p]
+        if p.parts[0] != "configs":  # configs/x.py is not looked for in configs/configs/
+            candidates += [root / "configs" / p]
         if p.suffix != ".py":
             candidates += [root / "configs" / (p.name + ".py")]
     for c in candidates:
@@ -344,7 +347,10 @@ def resolve_config_path(path: str | os.PathLike) -> Path:
     if p.is_dir():
         raise ConfigError(f"config {os.fspath(path)!r} is a folder; give a config file such as configs/small.py")
     tried = ", ".join(str(c) for c in dict.fromkeys(candidates))
-    raise ConfigError(f"config file {os.fspath(path)!r} not found (looked at: {tried})")
+    shipped = sorted(f.stem for f in (root / "configs").glob("*.py"))
+    hint = did_you_mean(p.name.removesuffix(".py"), shipped, spell=lambda name: f"configs/{name}.py ({name!r})",
+                       cutoff=0.5)  # few, short names: 'tyni' is 0.5 from 'tiny'
+    raise ConfigError(f"config file {os.fspath(path)!r} not found{hint} (looked at: {tried})")
 
 
 def load_config(path: str | os.PathLike) -> TrainConfig:
@@ -386,8 +392,19 @@ def load_config(path: str | os.PathLike) -> TrainConfig:
 # -- overrides ---------------------------------------------------------------------------------
 
 
+def did_you_mean(word: str, choices: Sequence[str], spell=repr, cutoff: float = 0.6) -> str:
+    """``" (did you mean X?)"`` for the choice closest to a mistyped ``word``, else ``""``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return f" (did you mean {spell(close[0])}?)" if close else ""
+
+
 def _unknown_message(key: str) -> str:
-    return f"unknown config key {key!r}; valid keys: {', '.join(field_names())}"
+    return f"unknown config key {key!r}{did_you_mean(key, field_names())}; valid keys: {', '.join(field_names())}"
+
+
+def _unknown_model_message(key: str) -> str:
+    valid = sorted(_model_hints())
+    return f"unknown model_overrides key {key!r}{did_you_mean(key, valid)}; valid: {', '.join(valid)}"
 
 
 _TRUE = {"true", "1", "yes", "on"}
@@ -486,9 +503,7 @@ def apply_overrides(cfg: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
                 raise ConfigError(f"{key}: {head} is not a dict; use --config.{head}=VALUE")
             model_hints = _model_hints()
             if "." in rest or rest not in model_hints:
-                raise ConfigError(
-                    f"unknown model_overrides key {rest!r}; valid: {', '.join(sorted(model_hints))}"
-                )
+                raise ConfigError(_unknown_model_message(rest))
             mo = dict(changes.get("model_overrides", cfg.model_overrides))
             mo[rest] = _convert(text, model_hints[rest], key)
             changes["model_overrides"] = mo
@@ -498,10 +513,7 @@ def apply_overrides(cfg: TrainConfig, overrides: Sequence[str]) -> TrainConfig:
                 value = dict(value or {})
                 unknown = set(value) - set(_model_hints())
                 if unknown:
-                    raise ConfigError(
-                        f"unknown model_overrides key {sorted(unknown)[0]!r}; valid: "
-                        f"{', '.join(sorted(_model_hints()))}"
-                    )
+                    raise ConfigError(_unknown_model_message(sorted(unknown)[0]))
             changes[head] = value
     if not changes:
         return cfg

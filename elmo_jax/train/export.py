@@ -29,7 +29,7 @@ from elmo_jax.atomic import owned_temp_dir, process_alive, replace_dir
 from elmo_jax.config import ElmoConfig
 from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.embedder import OPTIONS_FILE, WEIGHTS_FILE
-from elmo_jax.errors import ElmoError
+from elmo_jax.errors import ElmoError, refuse_symlink_loop
 from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError, check_vocabulary_size
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.step import init_train_state, make_optimizer
@@ -57,6 +57,7 @@ class LoadedCheckpoint:
 
 def require_workdir(workdir: str) -> None:
     """Refuse a run folder that does not exist or is a file, naming what it is."""
+    refuse_symlink_loop(workdir)
     if not os.path.exists(workdir):
         raise ElmoError(f"the workdir {workdir} does not exist: give the folder that `elmo-jax train "
                         f"--workdir` wrote (it holds config.json and checkpoints/)")

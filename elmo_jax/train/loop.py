@@ -55,7 +55,7 @@ from elmo_jax.train.init_from import initial_train_state, start_config
 from elmo_jax.train.losses import make_loss_fn
 from elmo_jax.train.metrics import MetricsWriter, StepBar, TrainWindow, eval_message, progress_postfix
 from elmo_jax.train.parallel import global_mesh, make_eval_fn, make_runner
-from elmo_jax.train.run_data import RunData, data_dir_for, default_heldout, prepare_data
+from elmo_jax.train.run_data import RunData, data_dir_for, default_heldout, prepare_data, vocab_size_lower_bound
 from elmo_jax.train.step import init_train_state, make_optimizer
 from elmo_jax.train.stop import StopRequest
 from elmo_jax.train.workdir import (
@@ -103,15 +103,22 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     cfg, pretrained = start_config(cfg, workdir, resuming=latest is not None, progress=progress and is_main, log=log)
     model_config = cfg.elmo_config()
     check_resumable(workdir, cfg, latest)
+    optimizer = make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.initial_accumulator, cfg.clip_norm)
+    dtype = compute_dtype(cfg.compute_dtype)
+    # Before the data is prepared, indexed and counted: with the fewest targets the
+    # vocabulary can have, the estimate is still a lower bound of the step's.
+    fewest = vocab_size_lower_bound(workdir, resuming=latest is not None)
+    check_step_memory(cfg, model_config, fewest, optimizer, fewest > cfg.num_negatives, global_batch // n_devices,
+                      dtype)
     data = prepare_data(cfg, workdir, log, may_rebuild=latest is None, open_source=make_source)
     vocab = data.vocab
     data_content = data.train.content_id()
 
     selection = make_loss_fn(len(vocab), cfg.num_negatives)
     log(selection.message)
-    optimizer = make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.initial_accumulator, cfg.clip_norm)
-    dtype = compute_dtype(cfg.compute_dtype)
-    check_step_memory(cfg, model_config, len(vocab), optimizer, selection.sampled, global_batch // n_devices, dtype)
+    if len(vocab) != fewest:  # the softmax's share, now known
+        check_step_memory(cfg, model_config, len(vocab), optimizer, selection.sampled, global_batch // n_devices,
+                          dtype)
     runner = make_runner(cfg.parallel, dict(
         config=model_config, optimizer=optimizer, loss_fn=selection.fn, dropout_rate=cfg.dropout, dtype=dtype,
         remat_steps=cfg.remat_steps,
@@ -131,8 +138,8 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     pretrained_start = latest is None and pretrained is not None
     if latest is not None:
         latest, train_state, lstm_state, meta = restore_newest(
-            ckpts, train_state, lstm_state, global_batch=global_batch, n_devices=n_devices, mesh=mesh, log=log)
-        check_run_inputs(meta, ckpts.path(latest), workdir, cfg.to_dict())
+            ckpts, train_state, lstm_state, global_batch=global_batch, n_devices=n_devices, mesh=mesh, log=log,
+            check_meta=lambda meta, path: check_run_inputs(meta, path, workdir, cfg.to_dict()))
         resume_data_position(batcher, meta, ckpts.path(latest), data_content)
         start_step = int(meta["step"])
         log(f"resuming from {ckpts.path(latest)} (step {start_step})")

@@ -27,7 +27,7 @@ import jax
 from elmo_jax.atomic import atomic_path, file_sha256, write_json
 from elmo_jax.data.text_source import lm1b_extracted_files, make_source
 from elmo_jax.data.token_index import open_or_build
-from elmo_jax.data.vocab import Vocabulary
+from elmo_jax.data.vocab import SPECIALS, Vocabulary, read_token_lines
 from elmo_jax.train import distributed
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.workdir import TrainingError
@@ -157,8 +157,10 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
     wanted = _vocab_source(cfg, train)
     if process_index == 0 and os.path.exists(vocab_path):
         built = _read_vocab_source(source_path, vocab_path)
-        if built is None:
-            log(f"using the vocabulary in {vocab_path} as given (it was not built by this package)")
+        if built is None and may_rebuild:  # resuming, it is the run's own: its checkpoint's record checks it
+            why = ("it was changed after this package built it: its SHA-256 differs from the one in "
+                   f"{VOCAB_SOURCE_FILE}" if os.path.exists(source_path) else "it was not built by this package")
+            log(f"using the vocabulary in {vocab_path} as given ({why})")
         elif built != wanted and may_rebuild:  # with a checkpoint, train() names what changed
             _stale(f"{vocab_path} was built for {built}, this run asks for {wanted}", may_rebuild, log)
             os.remove(vocab_path)
@@ -173,6 +175,18 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
             _wait_for(vocab_path)
     vocab = Vocabulary.load(vocab_path)
     return RunData(train, heldout, vocab, corpus_dir, heldout_spec)
+
+
+def vocab_size_lower_bound(workdir: str, resuming: bool) -> int:
+    """The fewest targets the run's vocabulary can have, known before any data is read:
+    the tokens of the ``vocab.txt`` it will use when that is the user's own or a resumed
+    run's, else the special tokens alone (a vocabulary still to be built, or to be rebuilt
+    for other settings, may be any size).  What the vocabulary's size bounds from below
+    (the softmax's parameters and logits) is then bounded too."""
+    vocab_path = os.path.join(workdir, "vocab.txt")
+    if os.path.isfile(vocab_path) and (resuming or not os.path.exists(os.path.join(workdir, VOCAB_SOURCE_FILE))):
+        return max(len(SPECIALS), len(read_token_lines(vocab_path)))
+    return len(SPECIALS)
 
 
 def data_dir_for(spec: str, data_dir: str | None, workdir: str) -> str | None:

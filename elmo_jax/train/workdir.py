@@ -40,7 +40,7 @@ import numpy as np
 
 from elmo_jax.atomic import file_sha256, write_json
 from elmo_jax.config import ElmoConfig
-from elmo_jax.errors import ElmoError
+from elmo_jax.errors import ElmoError, symlink_loop
 from elmo_jax.train import distributed
 from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError, check_vocabulary_size
 from elmo_jax.train.config_loader import TrainConfig
@@ -70,6 +70,12 @@ class WorkdirBusyError(TrainingError):
 
 def check_writable(workdir: str) -> None:
     """Create ``workdir`` if needed; refuse one this process cannot write to."""
+    loop = symlink_loop(workdir)
+    if loop is not None:
+        raise TrainingError(f"workdir {loop}; or choose another --workdir")
+    if os.path.islink(workdir) and not os.path.exists(workdir):  # else makedirs says only "File exists"
+        raise TrainingError(f"workdir {workdir} is a symbolic link to {os.readlink(workdir)}, which does not exist; "
+                            f"create that folder, remove the link, or choose another --workdir")
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise TrainingError(f"workdir {workdir} is a file, not a folder; choose another --workdir")
     try:
@@ -172,11 +178,19 @@ def check_resumable(workdir: str, cfg: TrainConfig, latest: int | None) -> None:
 
 
 def config_differences(saved: dict, current: dict) -> list[str]:
-    return [
-        f"{k}: checkpoint has {saved.get(k)!r}, this run has {current.get(k)!r}"
-        for k in sorted(set(saved) | set(current))
-        if k not in RESUMABLE_FIELDS and saved.get(k) != current.get(k)
-    ]
+    """``"key: checkpoint has A, this run has B"`` for each field outside
+    :data:`RESUMABLE_FIELDS` that differs; a dict field (``model_overrides``) by its keys."""
+    out = []
+    for k in sorted(set(saved) | set(current)):
+        a, b = saved.get(k), current.get(k)
+        if k in RESUMABLE_FIELDS or a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += [f"{k}.{sub}: checkpoint has {a.get(sub)!r}, this run has {b.get(sub)!r}"
+                    for sub in sorted(set(a) | set(b)) if a.get(sub) != b.get(sub)]
+        else:
+            out.append(f"{k}: checkpoint has {a!r}, this run has {b!r}")
+    return out
 
 
 def config_digest(config: dict) -> str:
@@ -201,10 +215,16 @@ def check_run_inputs(meta: dict, path: str, workdir: str, config: dict) -> None:
     vocab_path = os.path.join(workdir, "vocab.txt")
     saved = meta.get("vocab_sha256")
     if saved is not None and file_sha256(vocab_path) != saved:
+        layout = layout_difference(vocab_path, saved)
+        if layout is not None:
+            raise TrainingError(
+                f"{vocab_path} differs from the vocabulary {path} was trained with only in {layout[0]} (the words "
+                f"and their order are the same): {layout[1]}, and run the same command again")
         raise TrainingError(
             f"{vocab_path} is not the vocabulary {path} was trained with (its SHA-256 differs from the one the "
-            f"checkpoint recorded; the model's softmax rows follow that file's order): restore the run's vocab.txt, "
-            f"or start a new --workdir")
+            f"checkpoint recorded, and not only in a byte-order mark or line ends: words were changed, added, "
+            f"removed or reordered, and the model's softmax rows follow the file's lines): restore the run's "
+            f"vocab.txt (an export of the run holds a copy), or start a new --workdir")
     saved = meta.get("config_sha256")
     if saved is None:
         return
@@ -226,6 +246,46 @@ def check_run_inputs(meta: dict, path: str, workdir: str, config: dict) -> None:
             f"resume with the checkpoint's values, or start a new --workdir")
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
+def layout_difference(path: str, sha256: str) -> tuple[str, str] | None:
+    """``(what differs, the fix)`` when the file at ``path`` becomes the bytes of SHA-256
+    ``sha256`` by adding or removing a UTF-8 byte-order mark, turning its line ends from
+    CRLF to LF or back, or adding or removing the final newline; None otherwise."""
+    with open(path, "rb") as f:
+        data = f.read()
+    boms = {"": data, "a byte-order mark": data.removeprefix(_BOM) if data.startswith(_BOM) else _BOM + data}
+    lf = lambda b: b.replace(b"\r\n", b"\n")  # noqa: E731
+    for bom_change, b in boms.items():
+        for ends_change, e in (("", b), ("line ends", lf(b)), ("line ends", lf(b).replace(b"\n", b"\r\n"))):
+            for final_change, c in (("", e), ("the final newline", e.rstrip(b"\r\n")),
+                                    ("the final newline", e + (b"\r\n" if b"\r\n" in e else b"\n"))):
+                if c == data or hashlib.sha256(c).hexdigest() != sha256:
+                    continue
+                what = [w for w in (bom_change, ends_change, final_change) if w]
+                fixes = []
+                if bom_change:
+                    fixes.append("remove the byte-order mark (sed -i '1s/^\\xEF\\xBB\\xBF//' vocab.txt)"
+                                 if data.startswith(_BOM) else "put back the byte-order mark it had")
+                if ends_change:
+                    fixes.append("turn its CRLF line ends back into LF (sed -i 's/\\r$//' vocab.txt)"
+                                 if b"\r\n" in data else "turn its line ends back into CRLF (unix2dos vocab.txt)")
+                if final_change:
+                    fixes.append("put back the final newline as it was")
+                return " and ".join(_describe(w, data) for w in what), "; ".join(fixes)
+    return None
+
+
+def _describe(change: str, data: bytes) -> str:
+    if change == "a byte-order mark":
+        return "a byte-order mark at its start" if data.startswith(_BOM) else "the byte-order mark it lost"
+    if change == "line ends":
+        return "its line ends (CRLF where the run's file has LF)" if b"\r\n" in data else \
+            "its line ends (LF where the run's file has CRLF)"
+    return "the final newline"
+
+
 def write_run_files(workdir: str, cfg: TrainConfig, model_config: ElmoConfig, new_run: bool) -> None:
     """``config.json`` and ``options.json``: written by a new run, kept by a resumed one."""
     for name, value in (("config.json", cfg.to_dict()), ("options.json", model_config.to_options())):
@@ -235,9 +295,11 @@ def write_run_files(workdir: str, cfg: TrainConfig, model_config: ElmoConfig, ne
 
 
 def restore_newest(ckpts: Checkpoints, train_state: Any, lstm_state: Any, *, global_batch: int, n_devices: int,
-                   mesh: jax.sharding.Mesh, log: Callable[[str], None]) -> tuple[int, Any, Any, dict] | None:
+                   mesh: jax.sharding.Mesh, log: Callable[[str], None],
+                   check_meta: Callable[[dict, str], None] | None = None) -> tuple[int, Any, Any, dict] | None:
     """``(step, train_state, lstm_state, meta)`` of the newest checkpoint that restores, or
-    None when there is none.  A damaged one is skipped with a log line saying why, and moved
+    None when there is none; ``check_meta(meta, path)`` may refuse a checkpoint from its
+    record before its arrays are read (see :func:`restore`).  A damaged one is skipped with a log line saying why, and moved
     aside so that the next start does not try it again; if every checkpoint is damaged the
     run stops rather than silently starting over.
 
@@ -248,7 +310,7 @@ def restore_newest(ckpts: Checkpoints, train_state: Any, lstm_state: Any, *, glo
     for step in sorted(ckpts.all_steps(), reverse=True):
         try:
             return (step, *restore(ckpts, step, train_state, lstm_state, global_batch=global_batch,
-                                   n_devices=n_devices, mesh=mesh, log=log))
+                                   n_devices=n_devices, mesh=mesh, log=log, check_meta=check_meta))
         except DamagedCheckpointError as e:
             if distributed.is_multiprocess():
                 raise TrainingError(f"{e}; move it out of {ckpts.directory} and start the job again") from None
@@ -266,16 +328,22 @@ def restore_newest(ckpts: Checkpoints, train_state: Any, lstm_state: Any, *, glo
 
 
 def restore(ckpts: Checkpoints, step: int, train_state: Any, lstm_state: Any, *, global_batch: int,
-            n_devices: int, mesh: jax.sharding.Mesh, log: Callable[[str], None]) -> tuple[Any, Any, dict]:
+            n_devices: int, mesh: jax.sharding.Mesh, log: Callable[[str], None],
+            check_meta: Callable[[dict, str], None] | None = None) -> tuple[Any, Any, dict]:
     """The train state, this process's LSTM rows and the meta of checkpoint ``step``.
 
     ``train_state`` / ``lstm_state`` (this process's rows ``[.., B_local, ..]``) give the
-    shapes; every process of a multi-process job must call this.
+    shapes; every process of a multi-process job must call this.  The record is checked
+    first (topology, vocabulary size, ``check_meta``, e.g. :func:`check_run_inputs`): a
+    config that changes the model's shapes is named by its field, not by the arrays'
+    storage layer.
     """
     meta = ckpts.read_meta(step)
     check_topology(meta, ckpts.path(step), global_batch, n_devices, log)
     check_vocabulary_size(meta, np.shape(train_state["params"]["softmax"]["b"])[0], ckpts.path(step),
                           os.path.join(ckpts.workdir, "vocab.txt"))
+    if check_meta is not None:
+        check_meta(meta, ckpts.path(step))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     template = (
         jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), train_state),
