@@ -125,6 +125,7 @@ def test_token_ids_follow_the_package_quirks(loaded):
 
 
 # -- equal to the package -------------------------------------------------------------------
+@pytest.mark.fidelity
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_outputs_equal_the_package_within_1e5(loaded, fmt):
     """Against the package's outputs recorded by tests/peer_manylangs.py: unknown words and
@@ -133,6 +134,7 @@ def test_outputs_equal_the_package_within_1e5(loaded, fmt):
     assert _compare(loaded[fmt], expected, f"{FORMATS.index(fmt)}_") < TOLERANCE
 
 
+@pytest.mark.fidelity
 @pytest.mark.slow
 def test_outputs_equal_the_package_run_live(tmp_path):
     """Models made now by the package in both layouts, embedded now by the package."""
@@ -201,6 +203,7 @@ def test_a_wrong_folder_gets_a_clear_error(tmp_path):
 
 
 # -- everything downstream ------------------------------------------------------------------
+@pytest.mark.fidelity
 def test_every_layers_mode_the_token_cache_and_save(loaded, tmp_path):
     elmo = loaded["zip"]
     sentences = SENTENCES[:4]
