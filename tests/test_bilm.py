@@ -4,6 +4,7 @@ import h5py
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from elmo_jax import ElmoConfig, batch_to_ids
 from elmo_jax.model.bilm import add_boundary_vectors, bilm, init_params, marker_vectors, reverse_within_length
@@ -15,6 +16,7 @@ TINY = ElmoConfig.preset("tiny")
 forward = jax.jit(bilm, static_argnums=1)
 
 
+@pytest.mark.fidelity
 def test_parity_with_reference_trainer_stateful(bilm_fixtures):
     """The 10 batches of 3 sentences, state carried, against bilm-tf's own outputs."""
     model = bilm_fixtures / "model"

@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from tests.conftest import device_env
 
 SCRIPT = textwrap.dedent(
@@ -76,6 +78,7 @@ def _run(num_negatives: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.fidelity
 def test_four_devices_equal_one_device_full_and_sampled_softmax():
     for negatives in (10_000, 16):  # full softmax (vocab <= negatives), then sampled
         out = _run(negatives)

@@ -110,6 +110,7 @@ def test_cli_names_an_unwritable_output_folder_and_an_unreadable_input(tmp_path,
     assert "cannot read input file /proc/self/mem" in err and "Traceback" not in err
 
 
+@pytest.mark.fidelity
 def test_byte_order_mark_is_not_part_of_the_first_word(tmp_path, elmo):
     (tmp_path / "bom.txt").write_bytes("\ufeffHello world\r\nsecond line\n".encode("utf-8"))
     embed_file(elmo, tmp_path / "bom.txt", tmp_path / "out.hdf5", "top", progress=False)

@@ -71,6 +71,7 @@ def reference(elmo, src, tmp_path_factory):
     return {layout: _embed(elmo, src, d / f"{layout}.hdf5", layout)["output"] for layout in embed_layouts.LAYOUTS}
 
 
+@pytest.mark.fidelity
 @pytest.mark.parametrize("layout", embed_layouts.LAYOUTS)
 @pytest.mark.parametrize("layers", ["top", "all"])
 def test_every_layout_reads_back_as_embed_gives(elmo, tmp_path, layout, layers):

@@ -154,6 +154,7 @@ def _run(script: str, devices: int) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.fidelity
 @pytest.mark.parametrize("devices", [4, pytest.param(8, marks=pytest.mark.slow)])
 def test_every_device_gives_one_devices_results(devices):
     out = _run(EMBED, devices)

@@ -14,6 +14,7 @@ def tiny():
     return Elmo.random("tiny", seed=0, batch_size=8)
 
 
+@pytest.mark.fidelity
 def test_embed_shapes_order_strings_and_token_lists(tiny):
     sents = ["a b c", ["d", "e"], "", "   ", "f " * 20, ["银行", "取钱"]]
     out = tiny.embed(sents)
@@ -45,6 +46,7 @@ def test_deterministic_by_default_and_stateful_carries(tiny):
     assert fresh.compiled_shapes == {(4, 6)} and fresh._forward._cache_size() == 1
 
 
+@pytest.mark.fidelity
 def test_stateful_reproduces_reference_fixture(bilm_fixtures):
     model = bilm_fixtures / "model"
     elmo = Elmo.load(model, batch_size=3)
@@ -59,6 +61,7 @@ def test_stateful_reproduces_reference_fixture(bilm_fixtures):
             np.testing.assert_allclose(np.stack([top[:, :16], top[:, 16:]]), expected[k][str(i)][...], atol=1e-5)
 
 
+@pytest.mark.fidelity
 def test_save_load_round_trip(tiny, tmp_path):
     tiny.save(tmp_path / "m")
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["options.json", "weights.hdf5"]
@@ -200,6 +203,7 @@ def test_progress_bar_default_threshold(tiny, capsys):
     assert "1001/1001" in capsys.readouterr().err
 
 
+@pytest.mark.fidelity
 def test_token_cache_equals_uncached_and_skips_the_cnn(tmp_path):
     elmo = Elmo.random("tiny", seed=1, batch_size=8)
     sents = ["the bank of the river", "she went to the bank", "unseen words here", "", "银行 取钱 了"]
@@ -372,6 +376,7 @@ def test_unsupported_dtype_names_the_choices():
         Elmo.random("tiny", dtype="float16")
 
 
+@pytest.mark.fidelity
 @pytest.mark.parametrize("layers", ["all", "top"])
 def test_arrays_over_several_groups_are_contiguous_separate_and_each_sentences_own(tiny, layers):
     """Several groups (batch_size 8), each copied to the host while the next one computes,

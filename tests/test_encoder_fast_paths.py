@@ -65,6 +65,7 @@ def test_chunk_size_rule(monkeypatch):
     assert encoder.cnn_chunk_tokens(8) == (4 if jax.default_backend() == "cpu" else 0)
 
 
+@pytest.mark.fidelity
 @pytest.mark.parametrize("source", ["random", "fixture"])
 def test_chunked_char_cnn_equals_one_pass(monkeypatch, request, source):
     if source == "fixture":
@@ -94,6 +95,7 @@ def test_chunked_char_cnn_gradients_equal_one_pass(monkeypatch):
         assert a.shape == b.shape and _rel(a, b) <= 1e-5
 
 
+@pytest.mark.fidelity
 def test_markers_in_the_sentence_pass_equal_markers_encoded_alone(bilm_fixtures):
     cfg, params = _fixture_model(bilm_fixtures)
     ids = _ids(3, 5, cfg.char_cnn.max_characters_per_token, seed=2)
@@ -103,6 +105,7 @@ def test_markers_in_the_sentence_pass_equal_markers_encoded_alone(bilm_fixtures)
     assert _rel(one_pass, separate) <= 1e-6
 
 
+@pytest.mark.fidelity
 def test_precomputed_markers_equal_markers_in_the_pass(bilm_fixtures):
     """What Elmo.embed does: <S> / </S> encoded once, then passed to every bilm call."""
     cfg, params = _fixture_model(bilm_fixtures)
@@ -126,6 +129,7 @@ def _level_taken(cfg, ids):
     return min([n for n in encoder.TRIM_LEVELS if widest < n and need <= n] + [ids.shape[-1]])
 
 
+@pytest.mark.fidelity
 @pytest.mark.parametrize("source", ["random", "fixture"])
 @pytest.mark.parametrize("longest", [1, 6, 9, 13, 17, 30])
 def test_trimmed_chars_equal_all_chars(monkeypatch, request, source, longest):
@@ -157,6 +161,7 @@ def test_trimmed_chars_equal_all_chars(monkeypatch, request, source, longest):
         assert a.shape == b.shape and _rel(a, b) <= 1e-5
 
 
+@pytest.mark.fidelity
 @pytest.mark.parametrize("source", ["random", "fixture"])
 def test_length_sorted_chunks_equal_one_full_pass(monkeypatch, request, source):
     """Many tokens of mixed lengths (1-40 bytes) in chunks of 4: sorted, every chunk cut to

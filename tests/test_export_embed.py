@@ -20,6 +20,7 @@ MICRO = {"dim": 16, "projection_dim": 8, "embedding_dim": 4, "filters": [[1, 8],
 SENTENCES = ["the bank of the river", "she went to the bank", "银行 取钱", "a", "money money money money to the river bank"]
 
 
+@pytest.mark.fidelity
 def test_export_load_embed_equals_checkpoint_forward(tmp_path):
     from elmo_jax.train.config_loader import TrainConfig
     from elmo_jax.train.export import export, load_checkpoint_params
@@ -131,6 +132,7 @@ def test_load_names_the_missing_file_and_the_misfit_tensor(tmp_path):
         Elmo.load(tmp_path / "m2")
 
 
+@pytest.mark.fidelity
 def test_fixture_weights_load_embed_save_reload_bit_identical(bilm_fixtures, tmp_path):
     model = bilm_fixtures / "model"
     elmo = Elmo.load(options_file=model / "options.json", weight_file=model / "lm_weights.hdf5")

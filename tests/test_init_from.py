@@ -60,6 +60,7 @@ def exported(tmp_path_factory):
     return tmp / "model"
 
 
+@pytest.mark.fidelity
 def test_fixture_model_first_step_outputs_equal_the_fixtures_and_perplexity_falls(bilm_fixtures, tmp_path):
     """A released-format model (options differ from every preset, no softmax): the state a
     run starts from gives bilm-tf's own outputs; the run's held-out perplexity falls."""

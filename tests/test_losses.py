@@ -32,6 +32,7 @@ def test_init_softmax_shapes_and_scale():
     assert abs(float(jnp.std(p["w"])) - 1 / 8) < 0.01
 
 
+@pytest.mark.fidelity
 def test_full_softmax_matches_reference_and_keeps_leading_shape():
     params = _params(jax.random.PRNGKey(0), 37, 8, scale=3.0)
     h = jax.random.normal(jax.random.PRNGKey(1), (3, 5, 8))

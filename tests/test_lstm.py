@@ -59,6 +59,7 @@ def _rel_err(a, b):
     return float(jnp.max(jnp.abs(a - b)) / (jnp.max(jnp.abs(b)) + 1e-30))
 
 
+@pytest.mark.fidelity
 @pytest.mark.parametrize("remat_steps", [0, 2, 4, 8])
 def test_handwritten_backward_equals_autodiff(remat_steps):
     layer, x, mask, h0, c0 = _inputs(TINY)
@@ -97,6 +98,7 @@ def test_clip_free_config_and_padding_steps_pass_state_through():
     assert not np.asarray(h).any()
 
 
+@pytest.mark.fidelity
 def test_inference_skips_steps_no_row_uses_with_the_scans_numbers():
     """On the CPU the primal recurrence stops after the last step any row uses; its outputs, final
     state and zeros past each row's end equal the full scan's exactly, also with a step in

@@ -127,6 +127,7 @@ def test_token_ids_follow_the_package_quirks(loaded):
 
 
 # -- equal to the package -------------------------------------------------------------------
+@pytest.mark.fidelity
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_outputs_equal_the_package_within_1e5(loaded, fmt):
     """Against the package's outputs recorded by tests/peer_manylangs.py: unknown words and
@@ -135,6 +136,7 @@ def test_outputs_equal_the_package_within_1e5(loaded, fmt):
     assert _compare(loaded[fmt], expected, f"{FORMATS.index(fmt)}_") < TOLERANCE
 
 
+@pytest.mark.fidelity
 def test_a_model_whose_widths_equal_the_projection_keeps_it_and_equals_the_package():
     """word_dim 8 + filters 16 = projection_dim 24: the package still has its projection
     (token_embedder.pkl holds projection.weight), so the converted model must too."""
@@ -147,6 +149,7 @@ def test_a_model_whose_widths_equal_the_projection_keeps_it_and_equals_the_packa
     assert _compare(elmo, np.load(DATA / "peer_outputs_equal_projection.npz"), "0_") < TOLERANCE
 
 
+@pytest.mark.fidelity
 @pytest.mark.slow
 def test_outputs_equal_the_package_run_live(tmp_path):
     """Models made now by the package in both layouts, embedded now by the package."""
@@ -218,6 +221,7 @@ def test_a_wrong_folder_gets_a_clear_error(tmp_path):
 
 
 # -- everything downstream ------------------------------------------------------------------
+@pytest.mark.fidelity
 def test_every_layers_mode_the_token_cache_and_save(loaded, tmp_path):
     elmo = loaded["zip"]
     sentences = SENTENCES[:4]

@@ -100,6 +100,7 @@ def _labels(mask):
     return jnp.asarray(np.arange(mask.size).reshape(mask.shape) % 3)
 
 
+@pytest.mark.fidelity
 def test_outputs_equal_embed_mix_and_zero_at_padding(elmo, inputs):
     ids, mask = inputs
     assert ids.shape == (4, 10, 16) and mask.sum() == 5 + 8 + 1 + 3
@@ -212,6 +213,7 @@ def test_compiles_are_bounded_by_the_buckets(elmo):
     assert len(traces) == len(set(traces)) == 2 * 2 == len(time_buckets(9)) * n_row_buckets(2)
 
 
+@pytest.mark.fidelity
 def test_linen_bridge_gives_the_same_outputs(elmo, inputs):
     ids, mask = inputs
     module = nnx.bridge.to_linen(ElmoLayer, elmo, num_output_representations=2)

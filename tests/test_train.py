@@ -42,6 +42,7 @@ def _losses(workdir):
     return {r["step"]: r["loss"] for r in rows if r["kind"] == "train"}
 
 
+@pytest.mark.fidelity
 def test_reference_smoke_test_perplexity_below_20(bilm_fixtures, tmp_path):
     """bilm-tf's own training test: its data, vocabulary and tiny config, held-out ppl < 20."""
     data = str(bilm_fixtures / "train" / "data.txt")

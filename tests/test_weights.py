@@ -15,6 +15,7 @@ def _datasets(path):
     return out
 
 
+@pytest.mark.fidelity
 def test_fixture_round_trip_is_bit_identical(bilm_fixtures, tmp_path):
     cfg = ElmoConfig.from_json_file(bilm_fixtures / "model" / "options.json")
     params = load_weights(bilm_fixtures / "model" / "lm_weights.hdf5", cfg)
@@ -28,6 +29,7 @@ def test_fixture_round_trip_is_bit_identical(bilm_fixtures, tmp_path):
         assert original[name].tobytes() == written[name].tobytes(), name
 
 
+@pytest.mark.fidelity
 def test_random_params_round_trip_and_layout(tmp_path):
     cfg = ElmoConfig.preset("tiny")
     params = jax.tree.map(np.asarray, init_params(jax.random.key(0), cfg))
