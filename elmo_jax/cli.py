@@ -11,7 +11,6 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from elmo_jax.config import COMPUTE_DTYPES
 from elmo_jax.errors import USER_ERRORS, ElmoError
 from elmo_jax.embed_input import GROUP_LINES, MAX_TOKENS
 
@@ -300,6 +299,8 @@ def _add_distributed_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from elmo_jax.config import COMPUTE_DTYPES  # here: numpy's import comes after the stop handlers (entry)
+
     parser = argparse.ArgumentParser(
         prog="elmo-jax", description="ELMo in JAX: pretrain, export and embed."
     )
@@ -453,10 +454,10 @@ def _stop_at_once(command: str):
     in it, ends the process at once with one line and status 130 / 143 (the loop saves on
     the first; see :mod:`elmo_jax.train.stop`).  Other commands: Ctrl-C as Python does, and
     SIGTERM likewise (their cleanup runs), then one line and 130 / 143."""
-    from elmo_jax.train.stop import exit_on_signal, raise_on_sigterm
+    from elmo_jax.train.stop import exit_on_signal, raise_on_signal
 
     if command != "train":
-        return raise_on_sigterm()
+        return raise_on_signal(lambda name: f"elmo-jax {command}: stopped by {name}")
 
     return exit_on_signal(lambda name: f"elmo-jax train: stopped by {name}; the checkpoints already written "
                                        f"are intact and the same command resumes from the latest")
@@ -465,8 +466,10 @@ def _stop_at_once(command: str):
 def entry() -> None:
     """The ``elmo-jax`` program: :func:`main`'s status as the process's (a stopped run's
     130 / 143 without interpreter teardown, see :func:`elmo_jax.train.stop.exit_process`)."""
-    from elmo_jax.train.stop import exit_process
+    from elmo_jax.train.stop import exit_process, stop_cleanly
 
+    command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    stop_cleanly(lambda name: f"elmo-jax{' ' + command if command else ''}: stopped by {name}")
     exit_process(main())
 
 
