@@ -445,7 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         from elmo_jax.train.stop import Stopped, exit_status
 
         name = e.args[0] if isinstance(e, Stopped) and e.args else "SIGINT"
-        print(f"elmo-jax {args.command}: stopped by {name}", file=sys.stderr)
+        detail = str(e) if isinstance(e, Stopped) and len(e.args) > 1 else f"stopped by {name}"  # where it stopped
+        print(f"elmo-jax {args.command}: {detail}", file=sys.stderr)
         return exit_status(name)
 
 

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 
 import pytest
@@ -80,3 +81,94 @@ def test_a_signal_during_jax_import_is_one_line(tmp_path, program, sig):
 def test_a_signal_at_any_moment_of_start_up_is_one_line(tmp_path, program, sig, after_jaxlib_s):
     cmd, name = _PROGRAMS[program]
     _assert_one_line_stop(*_stop_at(cmd, sig, after_jaxlib_s, tmp_path), sig, name)
+
+
+# -- elmo-jax embed: a stop in the middle of a group ------------------------------------------
+def test_sigterm_while_embedding_a_group_stops_it_at_once_with_143_and_resumes(tmp_path, monkeypatch, capsys):
+    """SIGTERM while a group is being embedded (not written) ends the command before that group's
+    work goes on: status 143 (a stop, not bad input's 2), one line saying where it stopped, and
+    the same command continues from the last checkpoint."""
+    from elmo_jax.cli import main
+    from elmo_jax.embedder import Elmo
+
+    src = tmp_path / "in.txt"
+    src.write_text("".join(f"w{i} x y\n" for i in range(24)), encoding="utf-8")
+    out = tmp_path / "out.hdf5"
+    cmd = ["embed", str(src), str(out), "--top", "--preset", "tiny", "--no-progress", "--group-lines", "8"]
+    original, calls = Elmo.embed, []
+
+    def embed(self, *a, **k):
+        calls.append("called")
+        if len(calls) == 2:  # the second group, while it is computed
+            os.kill(os.getpid(), signal.SIGTERM)
+            calls.append("went on after the signal")
+        return original(self, *a, **k)
+
+    monkeypatch.setattr(Elmo, "embed", embed)
+    assert main(cmd) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert calls == ["called", "called"]
+    assert len(err) == 1 and err[0].startswith("elmo-jax embed: stopped by SIGTERM after line 8 of 24; the partial "
+                                               "output is kept in"), err
+    monkeypatch.setattr(Elmo, "embed", original)
+    assert main(cmd) == 0 and out.exists()
+    assert "resuming from line 9" in capsys.readouterr().err
+
+
+# -- Ctrl-C while a process pool starts a worker ----------------------------------------------
+_INDEXER = textwrap.dedent("""\
+    import os, sys, time
+    sys.path.insert(0, {repo!r})
+    from tests.test_workers import _Sentences, _announce_and_block
+
+    if __name__ == "__main__":
+        import multiprocessing.context as mpc
+        from elmo_jax.data import token_index
+        token_index._index_held_range = _announce_and_block
+        original, started = mpc.ForkServerProcess.start, []
+
+        def start(self):  # the second worker: started, and the pool has not recorded it yet
+            original(self)
+            started.append(self.pid)
+            if len(started) == 2:
+                open(os.path.join(os.environ["ELMO_JAX_TEST_ANNOUNCE"], "between"), "w").close()
+                time.sleep(3)
+
+        mpc.ForkServerProcess.start = start
+        try:
+            token_index.build_token_index(_Sentences(40), workers=2, range_size=10)
+        except KeyboardInterrupt:
+            print("indexer: interrupted", file=sys.stderr)
+            sys.exit(130)
+""")
+
+
+def test_ctrl_c_while_a_pool_starts_a_worker_stops_every_worker(tmp_path):
+    """A Ctrl-C between a worker's start and the pool recording it left a worker nobody
+    stopped, and the owner's exit waited for it for ever; now the signal acts once the worker
+    is recorded, and every worker ends with the owner."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from test_workers import _assert_all_end, _descendants
+
+    script = tmp_path / "indexer.py"
+    script.write_text(_INDEXER.format(repo=str(REPO)), encoding="utf-8")
+    announce = tmp_path / "announce"
+    announce.mkdir()
+    env = {**os.environ, "ELMO_JAX_TEST_ANNOUNCE": str(announce), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        wait_for("a worker's task and the second worker's start",
+                 lambda: {"between"} <= {p.name for p in announce.iterdir()} and
+                 any(p.name.isdigit() for p in announce.iterdir()), [proc], timeout_s=300)
+        below = _descendants(proc.pid)
+        os.killpg(proc.pid, signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("the index build did not stop on Ctrl-C") from None
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    _assert_all_end(below, "a Ctrl-C")
+    assert proc.returncode == 130 and err.strip() == "indexer: interrupted", err

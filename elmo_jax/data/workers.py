@@ -120,12 +120,24 @@ def _worker_start(owner_pid: int, initializer, initargs: tuple) -> None:
 
 
 # -- owner side -------------------------------------------------------------------------------
+class _Pool(ProcessPoolExecutor):
+    """A ``ProcessPoolExecutor`` whose ``submit`` (which may start a worker) is not cut by a
+    Ctrl-C / SIGTERM: the signal acts once the pool has recorded the worker it started, so
+    that :func:`stop_pool` stops every worker (see :func:`elmo_jax.train.stop.signals_held`)."""
+
+    def submit(self, *args, **kwargs):
+        from elmo_jax.train.stop import signals_held
+
+        with signals_held():
+            return super().submit(*args, **kwargs)
+
+
 def start_pool(workers: int, initializer=None, initargs: tuple = ()) -> ProcessPoolExecutor:
     """A pool of ``workers`` processes (started as tasks arrive) set up as the module
     docstring says, then running ``initializer(*initargs)``."""
     exit_if_starting_worker()
-    return ProcessPoolExecutor(int(workers), mp_context=context(), initializer=_worker_start,
-                               initargs=(os.getpid(), initializer, tuple(initargs)))
+    return _Pool(int(workers), mp_context=context(), initializer=_worker_start,
+                 initargs=(os.getpid(), initializer, tuple(initargs)))
 
 
 def _processes(pool: ProcessPoolExecutor) -> list:

@@ -206,6 +206,33 @@ def raise_on_sigterm(message: Callable[[str], str] | None = None) -> contextlib.
     return raise_on_signal(message or (lambda name: f"{program}: stopped by {name}"), (signal.SIGTERM,))
 
 
+@contextlib.contextmanager
+def signals_held(signals=STOP_SIGNALS) -> Iterator[None]:
+    """SIGINT / SIGTERM wait for the end of a block that must not be cut in two (a process
+    pool starting a worker and recording it: cut between the two, the worker is one the pool
+    never stops and the interpreter's exit waits for it for ever).  A signal that comes in
+    the block is sent again when it ends, to the handlers that were there before.  Outside
+    the main thread (where no handler runs) nothing changes."""
+    received: list[int] = []
+
+    def hold(signum, frame):
+        if signum not in received:
+            received.append(signum)
+
+    try:
+        previous = {s: signal.signal(s, hold) for s in signals}
+    except ValueError:  # not the main thread
+        yield
+        return
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        for s in received:
+            signal.raise_signal(s)
+
+
 class StopRequest:
     """SIGTERM / Ctrl-C set a flag; the loop checkpoints at the next step and returns.
 
