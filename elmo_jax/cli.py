@@ -124,8 +124,7 @@ def _plot(args: argparse.Namespace) -> int:
     from elmo_jax.run_plots import plot_run
 
     require_matplotlib()
-    for path in plot_run(args.workdir):
-        print(f"wrote {path}")
+    plot_run(args.workdir, say=lambda message: print(message, flush=True))  # each picture as it is written
     return 0
 
 
@@ -227,9 +226,23 @@ def _embed(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.sentence_vectors and args.format is not None:
         raise ValueError("--sentence-vectors writes its own layout (one row per sentence); drop --format")
+    _embed_refusals_before_loading(args.input, args.output, args.overwrite)
     if not _maybe_init_distributed(args):
         return _embed_run(args)
     return _run_in_process_group("embed", lambda: _embed_run(args))
+
+
+def _embed_refusals_before_loading(input_path: str, output_path: str, overwrite: bool) -> None:
+    """What ``embed_file`` refuses whatever the model, said before the model and jax load
+    (which takes from seconds to a minute): a missing input, an output that exists without
+    --overwrite, a missing output folder.  The same messages as ``embed_file``'s."""
+    input_path, output_path = os.path.abspath(input_path), os.path.abspath(output_path)
+    if not os.path.exists(input_path):
+        raise FileNotFoundError(f"input file not found: {input_path}")
+    if os.path.exists(output_path) and not overwrite:
+        raise FileExistsError(f"{output_path} exists; pass --overwrite (overwrite=True) to replace it")
+    if not os.path.isdir(os.path.dirname(output_path)):
+        raise FileNotFoundError(f"output folder does not exist: {os.path.dirname(output_path)}")
 
 
 def _embed_run(args: argparse.Namespace) -> int:
@@ -244,11 +257,13 @@ def _embed_run(args: argparse.Namespace) -> int:
     out = embed_file(elmo, args.input, args.output, args.layers, layout=layout, batch_size=args.batch_size,
                      group_lines=args.group_lines, max_tokens=args.max_tokens, overwrite=args.overwrite,
                      restart=args.restart, progress=not args.no_progress)
+    from elmo_jax.rates import rate_text
+
     seconds = out["seconds"]
     resumed = f", resumed at line {out['resumed_from'] + 1}" if out["resumed_from"] is not None else ""
     if out["hosts"] == 1 or _is_main():
         print(f"wrote {out['sentences']} sentences ({out['tokens']} tokens, layers={args.layers}, {layout}) to "
-              f"{out['output']} in {seconds:.1f} s: {out['tokens'] / max(seconds, 1e-9):,.0f} tokens/s on "
+              f"{out['output']} in {seconds:.1f} s: {rate_text(out['tokens'], seconds)} tokens/s on "
               f"{out['devices']} device(s) x {out['hosts']} host(s){resumed}")
     return 0
 
