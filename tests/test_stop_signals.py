@@ -172,3 +172,37 @@ def test_ctrl_c_while_a_pool_starts_a_worker_stops_every_worker(tmp_path):
             proc.communicate()
     _assert_all_end(below, "a Ctrl-C")
     assert proc.returncode == 130 and err.strip() == "indexer: interrupted", err
+
+
+_BLOCKED_INDEXER = textwrap.dedent("""\
+    import sys
+    sys.path.insert(0, {repo!r})
+    from tests.test_workers import _Sentences, _announce_and_block
+
+    if __name__ == "__main__":
+        from elmo_jax.data import token_index
+        token_index._index_held_range = _announce_and_block
+        token_index.build_token_index(_Sentences(40), workers=2, range_size=10)
+""")
+
+
+def test_kill_9_during_an_index_build_leaves_no_leaked_semaphore_warning(tmp_path):
+    """The owner killed by kill -9: multiprocessing's resource tracker removes the pool's
+    semaphores without a "resource_tracker: ... leaked semaphore" line on the terminal."""
+    script = tmp_path / "indexer.py"
+    script.write_text(_BLOCKED_INDEXER.format(repo=str(REPO)), encoding="utf-8")
+    announce = tmp_path / "announce"
+    announce.mkdir()
+    env = {**os.environ, "ELMO_JAX_TEST_ANNOUNCE": str(announce), "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, env=env)
+    try:
+        wait_for("a worker's task", lambda: any(p.name.isdigit() for p in announce.iterdir()), [proc],
+                 timeout_s=300)
+        proc.kill()
+        err = proc.stderr.read()  # to its end: when the tracker, which shares it, has ended too
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    assert "leaked" not in err and "resource_tracker" not in err, err
