@@ -285,11 +285,13 @@ def _download(args: argparse.Namespace) -> int:
     try:
         folder = hub.resolve_model(args.model, offline=True if args.offline else None,
                                    progress=not args.no_progress, force=args.force)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Stopped): 130 / 143
+        from elmo_jax.train.stop import exit_status, stopped_by
+
         print(f"elmo-jax download: interrupted; the part already downloaded is kept in "
               f"{hub.cache_home() / hub.PARTIAL_DIR} and `elmo-jax download {args.model}` resumes it",
               file=sys.stderr)
-        return 130
+        return exit_status(stopped_by(e))
     print(f"{args.model}: {folder}")
     for f in sorted(folder.iterdir()):
         if f.is_file():

@@ -206,3 +206,17 @@ def test_kill_9_during_an_index_build_leaves_no_leaked_semaphore_warning(tmp_pat
         proc.wait(timeout=60)
     assert proc.returncode == -signal.SIGKILL
     assert "leaked" not in err and "resource_tracker" not in err, err
+
+
+def test_sigterm_during_a_download_is_143(monkeypatch, capsys):
+    """A download stopped by SIGTERM keeps its part and says so, with SIGTERM's status."""
+    from elmo_jax import hub
+    from elmo_jax.cli import main
+    from elmo_jax.train.stop import Stopped
+
+    def resolve(*a, **k):
+        raise Stopped("SIGTERM")
+
+    monkeypatch.setattr(hub, "resolve_model", resolve)
+    assert main(["download", "small", "--no-progress"]) == 143
+    assert "elmo-jax download: interrupted; the part already downloaded is kept" in capsys.readouterr().err
