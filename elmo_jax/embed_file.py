@@ -13,13 +13,14 @@ a group, not the input.  Groups are a function of line numbers only.
 Resuming: the partial output lives in ``OUTPUT.partial/`` (``data.hdf5`` + ``progress.json``,
 :mod:`elmo_jax.embed_state`).  After each group the data is flushed and fsynced, then the
 progress is written atomically.  Run the same command after a kill -9, a SIGTERM or Ctrl-C
-(which stop within seconds: after the checkpoint being written, if one is) or a full disk
-and it continues from the first line not counted, cutting off what was written after the
-last checkpoint (each group's disk space is reserved before HDF5 writes it, so a full disk
-fails before a write, never inside one); the result equals an uninterrupted run's, dataset
-by dataset, bit for bit (the same groups through the same compiled programs).  A changed input, model or output option is named and refused
-(``restart=True`` / ``--restart`` starts over).  Only the finished file is renamed to
-``OUTPUT``; until then an existing ``OUTPUT`` (with ``overwrite``) is left as it was.
+(which stop within seconds: after the checkpoint being written, if one is) or a full disk and
+it continues from the first line not counted, cutting off what was written after the last
+checkpoint (each group's disk space is reserved before HDF5 writes it, so a full disk fails
+before a write, never inside one); the result equals an uninterrupted run's, dataset by
+dataset, bit for bit (the same groups through the same compiled programs).  A changed input,
+model or output option is named and refused (``restart=True`` / ``--restart`` starts over).
+Only the finished file is renamed to ``OUTPUT``; until then an existing ``OUTPUT`` (with
+``overwrite``) is left as it was.
 
 Several processes (``jax.distributed``, e.g. one per host): process ``p`` of ``n`` embeds a
 contiguous range of whole groups into ``OUTPUT.partial/shard-0000p-of-0000n.hdf5`` (its own
