@@ -66,6 +66,12 @@ def _run_in_process_group(command: str, run: Callable[[], int]) -> int:
     except USER_ERRORS as e:
         print(f"elmo-jax {command} (process {jax.process_index()}): error: {e}", file=sys.stderr)
         _exit_now(2)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM (Stopped): one line, 130 / 143
+        from elmo_jax.train.stop import Stopped, exit_status, stopped_by
+
+        detail = str(e) if isinstance(e, Stopped) and len(e.args) > 1 else f"stopped by {stopped_by(e)}"
+        print(f"elmo-jax {command} (process {jax.process_index()}): {detail}", file=sys.stderr)
+        _exit_now(exit_status(stopped_by(e)))
     except BaseException:
         print(f"elmo-jax {command} (process {jax.process_index()}): failed:", file=sys.stderr)
         traceback.print_exc()

@@ -220,3 +220,23 @@ def test_sigterm_during_a_download_is_143(monkeypatch, capsys):
     monkeypatch.setattr(hub, "resolve_model", resolve)
     assert main(["download", "small", "--no-progress"]) == 143
     assert "elmo-jax download: interrupted; the part already downloaded is kept" in capsys.readouterr().err
+
+
+def test_a_stopped_process_of_a_multi_process_embed_says_where_in_one_line(monkeypatch, capsys):
+    """One process of a multi-process embed stopped by SIGTERM: 143 and one line, not an
+    error's 2 (nor a traceback and 1)."""
+    from elmo_jax import cli
+    from elmo_jax.embed_file import EmbedStopped
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    def run():
+        raise EmbedStopped("SIGTERM", "stopped by SIGTERM after line 8 of 24; the partial output is kept")
+
+    monkeypatch.setattr(cli, "_exit_now", exit_now)
+    with pytest.raises(SystemExit) as stop:
+        cli._run_in_process_group("embed", run)
+    assert stop.value.code == 143
+    assert capsys.readouterr().err.splitlines() == [
+        "elmo-jax embed (process 0): stopped by SIGTERM after line 8 of 24; the partial output is kept"]
