@@ -91,7 +91,7 @@ def exit_on_signal(message: Callable[[str], str]) -> Iterator[None]:
 
 class Stopped(KeyboardInterrupt):
     """SIGTERM, raised as Ctrl-C raises KeyboardInterrupt (``args[0]``: the signal's name),
-    so that a command's cleanup runs and it ends with 143 (:func:`raise_on_sigterm`)."""
+    so that a command's cleanup runs and it ends with 143 (:func:`raise_on_signal`)."""
 
 
 def stopped_by(error: KeyboardInterrupt) -> str:
