@@ -19,6 +19,11 @@ would but with the right status: every file the project writes is written atomic
 workdir lock is released by the system, and data workers end with their parent.  Raising
 ``KeyboardInterrupt`` at an arbitrary point of start-up, and then tearing the interpreter
 down while XLA's threads still compiled, ended in ``Segmentation fault`` (exit -11).
+
+Every entry point calls :func:`stop_cleanly` before numpy and jax load, so that a signal
+during imports, XLA's initialisation or the first compilation is one line and 130 / 143
+too: an exception raised there would be swallowed (jax's garbage-collector callback),
+turned into an ImportError, or printed as a traceback.
 """
 
 from __future__ import annotations
