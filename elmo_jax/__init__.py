@@ -5,16 +5,22 @@ projected-LSTM language model, weight files in the released models' HDF5 layout,
 ``Elmo`` for embedding text from a notebook.
 """
 
-from elmo_jax.chars import TokenTruncatedWarning, batch_to_ids
-from elmo_jax.config import ConfigError, ElmoConfig, count_params
-
 __all__ = ["ConfigError", "Elmo", "ElmoConfig", "TokenTruncatedWarning", "batch_to_ids", "count_params",
            "read_embeddings"]
 __version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # ``Elmo`` pulls in jax and h5py; keep ``import elmo_jax`` light for the data tools.
+    # ``Elmo`` pulls in jax and h5py, the rest numpy: ``import elmo_jax`` stays light for the data
+    # tools, and a program can install its stop handlers (elmo_jax.train.stop) before numpy loads.
+    if name in ("TokenTruncatedWarning", "batch_to_ids"):
+        from elmo_jax import chars
+
+        return getattr(chars, name)
+    if name in ("ConfigError", "ElmoConfig", "count_params"):
+        from elmo_jax import config
+
+        return getattr(config, name)
     if name == "Elmo":
         from elmo_jax.embedder import Elmo
 

@@ -11,7 +11,6 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from elmo_jax.config import COMPUTE_DTYPES
 from elmo_jax.errors import USER_ERRORS, ElmoError
 from elmo_jax.embed_input import GROUP_LINES, MAX_TOKENS
 
@@ -67,6 +66,12 @@ def _run_in_process_group(command: str, run: Callable[[], int]) -> int:
     except USER_ERRORS as e:
         print(f"elmo-jax {command} (process {jax.process_index()}): error: {e}", file=sys.stderr)
         _exit_now(2)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM (Stopped): one line, 130 / 143
+        from elmo_jax.train.stop import Stopped, exit_status, stopped_by
+
+        detail = str(e) if isinstance(e, Stopped) and len(e.args) > 1 else f"stopped by {stopped_by(e)}"
+        print(f"elmo-jax {command} (process {jax.process_index()}): {detail}", file=sys.stderr)
+        _exit_now(exit_status(stopped_by(e)))
     except BaseException:
         print(f"elmo-jax {command} (process {jax.process_index()}): failed:", file=sys.stderr)
         traceback.print_exc()
@@ -125,8 +130,7 @@ def _plot(args: argparse.Namespace) -> int:
     from elmo_jax.run_plots import plot_run
 
     require_matplotlib()
-    for path in plot_run(args.workdir):
-        print(f"wrote {path}")
+    plot_run(args.workdir, say=lambda message: print(message, flush=True))  # each picture as it is written
     return 0
 
 
@@ -228,9 +232,23 @@ def _embed(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be >= 1, got {value}")
     if args.sentence_vectors and args.format is not None:
         raise ValueError("--sentence-vectors writes its own layout (one row per sentence); drop --format")
+    _embed_refusals_before_loading(args.input, args.output, args.overwrite)
     if not _maybe_init_distributed(args):
         return _embed_run(args)
     return _run_in_process_group("embed", lambda: _embed_run(args))
+
+
+def _embed_refusals_before_loading(input_path: str, output_path: str, overwrite: bool) -> None:
+    """What ``embed_file`` refuses whatever the model, said before the model and jax load
+    (which takes from seconds to a minute): a missing input, an output that exists without
+    --overwrite, a missing output folder.  The same messages as ``embed_file``'s."""
+    input_path, output_path = os.path.abspath(input_path), os.path.abspath(output_path)
+    if not os.path.exists(input_path):
+        raise FileNotFoundError(f"input file not found: {input_path}")
+    if os.path.exists(output_path) and not overwrite:
+        raise FileExistsError(f"{output_path} exists; pass --overwrite (overwrite=True) to replace it")
+    if not os.path.isdir(os.path.dirname(output_path)):
+        raise FileNotFoundError(f"output folder does not exist: {os.path.dirname(output_path)}")
 
 
 def _embed_run(args: argparse.Namespace) -> int:
@@ -245,13 +263,15 @@ def _embed_run(args: argparse.Namespace) -> int:
     out = embed_file(elmo, args.input, args.output, args.layers, layout=layout, batch_size=args.batch_size,
                      group_lines=args.group_lines, max_tokens=args.max_tokens, overwrite=args.overwrite,
                      restart=args.restart, progress=not args.no_progress)
+    from elmo_jax.rates import rate_text
+
     seconds = out["seconds"]
     resumed = f", resumed at line {out['resumed_from'] + 1}" if out["resumed_from"] is not None else ""
     if out.get("resumed"):  # a multi-process job: each process that resumed its shard
         resumed = ", resumed " + ", ".join(f"at line {line + 1} (process {p})" for p, line in out["resumed"])
     if out["hosts"] == 1 or _is_main():  # a job's totals, said once
         print(f"wrote {out['sentences']} sentences ({out['tokens']} tokens, layers={args.layers}, {layout}) to "
-              f"{out['output']} in {seconds:.1f} s: {out['tokens'] / max(seconds, 1e-9):,.0f} tokens/s on "
+              f"{out['output']} in {seconds:.1f} s: {rate_text(out['tokens'], seconds)} tokens/s on "
               f"{out['devices']} device(s) x {out['hosts']} host(s){resumed}")
     return 0
 
@@ -273,11 +293,13 @@ def _download(args: argparse.Namespace) -> int:
     try:
         folder = hub.resolve_model(args.model, offline=True if args.offline else None,
                                    progress=not args.no_progress, force=args.force)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Stopped): 130 / 143
+        from elmo_jax.train.stop import exit_status, stopped_by
+
         print(f"elmo-jax download: interrupted; the part already downloaded is kept in "
               f"{hub.cache_home() / hub.PARTIAL_DIR} and `elmo-jax download {args.model}` resumes it",
               file=sys.stderr)
-        return 130
+        return exit_status(stopped_by(e))
     print(f"{args.model}: {folder}")
     for f in sorted(folder.iterdir()):
         if f.is_file():
@@ -302,6 +324,8 @@ def _add_distributed_flags(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from elmo_jax.config import COMPUTE_DTYPES  # here: numpy's import comes after the stop handlers (entry)
+
     parser = argparse.ArgumentParser(
         prog="elmo-jax", description="ELMo in JAX: pretrain, export and embed."
     )
@@ -447,7 +471,8 @@ def main(argv: list[str] | None = None) -> int:
         from elmo_jax.train.stop import Stopped, exit_status
 
         name = e.args[0] if isinstance(e, Stopped) and e.args else "SIGINT"
-        print(f"elmo-jax {args.command}: stopped by {name}", file=sys.stderr)
+        detail = str(e) if isinstance(e, Stopped) and len(e.args) > 1 else f"stopped by {name}"  # where it stopped
+        print(f"elmo-jax {args.command}: {detail}", file=sys.stderr)
         return exit_status(name)
 
 
@@ -473,10 +498,10 @@ def _stop_at_once(command: str):
     in it, ends the process at once with one line and status 130 / 143 (the loop saves on
     the first; see :mod:`elmo_jax.train.stop`).  Other commands: Ctrl-C as Python does, and
     SIGTERM likewise (their cleanup runs), then one line and 130 / 143."""
-    from elmo_jax.train.stop import exit_on_signal, raise_on_sigterm
+    from elmo_jax.train.stop import exit_on_signal, raise_on_signal
 
     if command != "train":
-        return raise_on_sigterm()
+        return raise_on_signal(lambda name: f"elmo-jax {command}: stopped by {name}")
 
     return exit_on_signal(lambda name: f"elmo-jax train: stopped by {name}; the checkpoints already written "
                                        f"are intact and the same command resumes from the latest")
@@ -485,8 +510,10 @@ def _stop_at_once(command: str):
 def entry() -> None:
     """The ``elmo-jax`` program: :func:`main`'s status as the process's (a stopped run's
     130 / 143 without interpreter teardown, see :func:`elmo_jax.train.stop.exit_process`)."""
-    from elmo_jax.train.stop import exit_process
+    from elmo_jax.train.stop import exit_process, stop_cleanly
 
+    command = next((a for a in sys.argv[1:] if not a.startswith("-")), None)
+    stop_cleanly(lambda name: f"elmo-jax{' ' + command if command else ''}: stopped by {name}")
     exit_process(main())
 
 

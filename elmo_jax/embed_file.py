@@ -12,14 +12,15 @@ a group, not the input.  Groups are a function of line numbers only.
 
 Resuming: the partial output lives in ``OUTPUT.partial/`` (``data.hdf5`` + ``progress.json``,
 :mod:`elmo_jax.embed_state`).  After each group the data is flushed and fsynced, then the
-progress is written atomically.  Run the same command after a kill -9, a SIGTERM (which stops
-at the next group's end), Ctrl-C or a full disk and it continues from the first line not
-counted, cutting off what was written after the last checkpoint (each group's disk space is
-reserved before HDF5 writes it, so a full disk fails before a write, never inside one); the result equals an
-uninterrupted run's, dataset by dataset, bit for bit (the same groups through the same
-compiled programs).  A changed input, model or output option is named and refused
-(``restart=True`` / ``--restart`` starts over).  Only the finished file is renamed to
-``OUTPUT``; until then an existing ``OUTPUT`` (with ``overwrite``) is left as it was.
+progress is written atomically.  Run the same command after a kill -9, a SIGTERM or Ctrl-C
+(which stop within seconds: after the checkpoint being written, if one is) or a full disk and
+it continues from the first line not counted, cutting off what was written after the last
+checkpoint (each group's disk space is reserved before HDF5 writes it, so a full disk fails
+before a write, never inside one); the result equals an uninterrupted run's, dataset by
+dataset, bit for bit (the same groups through the same compiled programs).  A changed input,
+model or output option is named and refused (``restart=True`` / ``--restart`` starts over).
+Only the finished file is renamed to ``OUTPUT``; until then an existing ``OUTPUT`` (with
+``overwrite``) is left as it was.
 
 Several processes (``jax.distributed``, e.g. one per host): process ``p`` of ``n`` embeds a
 contiguous range of whole groups into ``OUTPUT.partial/shard-0000p-of-0000n.hdf5`` (its own
@@ -37,6 +38,8 @@ import signal
 import threading
 import time
 
+from elmo_jax.train.stop import Stopped, stopped_by
+
 from elmo_jax.atomic import OutputIsInputError, new_mode, refuse_output_over_inputs, replace_dir, write_json
 from elmo_jax.embed_input import GROUP_LINES, MAX_TOKENS, InputScan, read_group, read_sentences, scan_input
 from elmo_jax import embed_layouts, embed_state
@@ -53,8 +56,12 @@ _FOREVER_S = 30 * 24 * 3600.0
 __all__ = ["embed_file", "read_sentences", "EmbedStopped", "FILE_LAYERS", "GROUP_LINES", "MAX_TOKENS"]
 
 
-class EmbedStopped(ElmoError):
-    """A run stopped (SIGTERM) at a group's end: its partial output resumes."""
+class EmbedStopped(Stopped):
+    """A run stopped by SIGTERM / Ctrl-C: its partial output resumes.  ``args``: the signal's
+    name and the line that says so (``str()``); a stop, not an error (status 130 / 143)."""
+
+    def __str__(self) -> str:
+        return self.args[1] if len(self.args) > 1 else super().__str__()
 
 
 class EmbedStateError(ElmoError):
@@ -94,19 +101,44 @@ def _refuse_protected(output_path: str, input_path, elmo) -> None:
                 f"folder, whatever --overwrite says: write the embeddings elsewhere")
 
 
+class _Stop:
+    """SIGTERM and Ctrl-C stop the run where they land (within seconds: a batch), except while
+    a group is being written and checkpointed (``writing``): then the signal is kept
+    (``pending``: its name) and the loop stops once that group's checkpoint is written."""
+
+    def __init__(self):
+        self.writing = False
+        self.pending: str | None = None
+        self.previous: dict = {}
+
+    def handler(self, signum, frame):
+        name = signal.Signals(signum).name
+        if self.writing:
+            self.pending = self.pending or name
+            return
+        before = self.previous.get(signum)
+        if before is signal.SIG_IGN:
+            return
+        if callable(before):  # the caller's: Python's KeyboardInterrupt, the command line's stop
+            before(signum, frame)
+        raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(name)
+
+
 @contextlib.contextmanager
-def _stop_on_sigterm():
-    """A flag set by SIGTERM (main thread only; elsewhere never set): the loop stops at the
-    next group's end instead of dying in the middle of a write."""
-    stop = threading.Event()
+def _stop_on_signals():
+    """A :class:`_Stop` installed for SIGTERM and SIGINT (main thread only; elsewhere it never
+    defers), the caller's handlers back afterwards."""
+    stop = _Stop()
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
-    old = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    for s in (signal.SIGTERM, signal.SIGINT):
+        stop.previous[s] = signal.signal(s, stop.handler)
     try:
         yield stop
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, h in stop.previous.items():
+            signal.signal(s, h)
 
 
 def _say(message: str) -> None:
@@ -194,7 +226,7 @@ def embed_file(
         shutil.rmtree(state_dir, ignore_errors=True)
         if final != output_path and os.path.exists(final):
             os.remove(final)
-    with _stop_on_sigterm() as stop:
+    with _stop_on_signals() as stop:
         done = _embed_range(elmo, scan, run, state_dir, final, first_group, end_group, batch_size,
                             progress=progress, stop=stop, say=say)
     if process_count > 1:
@@ -269,6 +301,7 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
             else:
                 arrays = elmo.embed(texts, layers, batch_size=batch_size, progress=False)
             n_tokens = sum(len(t.split()) for t in texts)
+            stop.writing = True
             try:
                 embed_state.reserve_space(data, _group_bytes(arrays, texts))
                 with embed_layouts.open_h5(data, "r+") as f:
@@ -283,13 +316,18 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
                 raise ElmoError(f"cannot write the partial output in {state_dir} ({e}); the lines before "
                                 f"{lines_done + 1} are kept: free space (or fix the folder) and run the same "
                                 f"command again to continue") from None
+            finally:
+                stop.writing = False
             result["sentences"] += len(texts)
             result["tokens"] += n_tokens
             if bar is not None:
                 bar.update(len(texts))
-            if stop.is_set() and group + 1 < end_group:
-                raise EmbedStopped(f"stopped by SIGTERM after line {lines_done} of {shard['end_line']}; the partial "
-                                   f"output is kept in {state_dir}: run the same command again to continue")
+            if stop.pending and group + 1 < end_group:
+                raise Stopped(stop.pending)
+    except KeyboardInterrupt as e:
+        name = stopped_by(e)
+        raise EmbedStopped(name, f"stopped by {name} after line {lines_done} of {shard['end_line']}; the partial "
+                                 f"output is kept in {state_dir}: run the same command again to continue") from None
     finally:
         if bar is not None:
             bar.close()

@@ -903,7 +903,9 @@ def _offline_message(source: ModelSource, entry: Path, reason: str) -> str:
 def _exclusive_lock(path: Path, spec: str, progress: bool) -> Iterator[None]:
     """Held while one process fetches one model; others wait here.  The lock file is removed
     when the holder is done (success or failure), so none is left behind; a waiter that then
-    holds the lock of a removed file takes the lock again on the new one."""
+    holds the lock of a removed file takes the lock again on the new one.  The file names its
+    holder (pid and model); one left by a holder that was killed (``kill -9``) is removed by
+    the next process that takes any lock here (:func:`_remove_stale_locks`)."""
     path.parent.mkdir(exist_ok=True)
     said = False
     while True:
@@ -924,12 +926,39 @@ def _exclusive_lock(path: Path, spec: str, progress: bool) -> Iterator[None]:
         if same:
             break
         f.close()  # the holder removed this file when it finished: lock the current one
+    if fcntl is not None:
+        with contextlib.suppress(OSError):
+            f.truncate(0)
+            f.write(f"pid {os.getpid()} fetching {spec}\n".encode("utf-8", "replace"))
+            f.flush()
+        _remove_stale_locks(path.parent, keep=path)
     try:
         yield
     finally:
         with contextlib.suppress(OSError):
             path.unlink()
         f.close()
+
+
+def _remove_stale_locks(folder: Path, keep: Path) -> None:
+    """Remove the lock files in ``folder`` that no process holds (their holders were killed
+    before they could remove them).  A process that opened one and waits for it then finds
+    its file gone and locks a new one (see :func:`_exclusive_lock`)."""
+    for other in folder.glob("*.lock"):
+        if other == keep:
+            continue
+        try:
+            g = open(other, "rb")
+        except OSError:
+            continue
+        with g:
+            try:
+                fcntl.flock(g.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:  # held: a fetch under way
+                continue
+            with contextlib.suppress(OSError):
+                if os.fstat(g.fileno()).st_ino == os.stat(other).st_ino:
+                    other.unlink()
 
 
 __all__ = [

@@ -99,18 +99,19 @@ def _occurrences(corpus_dir: str, split: str, word: str | None, max_sentences: i
     return word, sentences, rows
 
 
-def _layer_vectors(elmo, sentences, rows) -> np.ndarray:
+def _layer_vectors(elmo, sentences, rows, progress: bool = False) -> np.ndarray:
     """``[L+1, N, 2P]``: every layer's vector of each occurrence ``(sentence, position, _)``."""
     picked = sorted({i for i, _, _ in rows})
     index = {i: k for k, i in enumerate(picked)}
-    vectors = elmo.embed([sentences[i] for i in picked], progress=False)  # [L+1, n, 2P] each
+    vectors = elmo.embed([sentences[i] for i in picked], progress=progress)  # [L+1, n, 2P] each
     return np.stack([vectors[index[i]][:, j] for i, j, _ in rows], axis=1)
 
 
 def plot_word_senses(workdir: str, corpus_dir: str, params: dict, model_config, max_sentences: int = 2000,
-                     max_fit: int = 300) -> str:
+                     max_fit: int = 300, say=None) -> str:
     """The held-out occurrences of the most frequent ambiguous word, per layer, along a sense
-    direction fitted on up to ``max_fit`` of its training occurrences (:func:`elmo_jax.plots.fisher_2d`)."""
+    direction fitted on up to ``max_fit`` of its training occurrences (:func:`elmo_jax.plots.fisher_2d`).
+    ``say``: where to tell what takes minutes (then the embedding shows a progress bar)."""
     from elmo_jax.embedder import Elmo
     from elmo_jax.plots import fisher_2d
 
@@ -120,7 +121,11 @@ def plot_word_senses(workdir: str, corpus_dir: str, params: dict, model_config, 
     if len({sense for *_, sense in fit_rows}) < 2:
         raise ElmoError(f"{corpus_dir}: the training text lacks occurrences of both senses of {word!r}")
     elmo = Elmo(model_config, params)
-    x, x_fit = _layer_vectors(elmo, heldout, rows), _layer_vectors(elmo, train, fit_rows)
+    if say is not None:
+        say(f"word senses: embedding the sentences of {len(rows)} held-out and {len(fit_rows)} training "
+            f"occurrences of {word!r} (minutes on a CPU)")
+    progress = say is not None
+    x, x_fit = _layer_vectors(elmo, heldout, rows, progress), _layer_vectors(elmo, train, fit_rows, progress)
     fit_senses = [sense for *_, sense in fit_rows]
     points = {("layer 0 (char CNN)" if layer == 0 else f"layer {layer}"): fisher_2d(x_fit[layer], fit_senses, x[layer])
               for layer in range(len(x))}
@@ -133,10 +138,13 @@ def plot_word_senses(workdir: str, corpus_dir: str, params: dict, model_config, 
 
 
 def plot_run(workdir: str | os.PathLike, *, params: dict | None = None, model_config=None,
-             vocab_tokens=None) -> list[str]:
+             vocab_tokens=None, say=None) -> list[str]:
     """Write the run's pictures next to its results; returns their paths.  ``params`` (the
     biLM's), ``model_config`` and ``vocab_tokens``: the run's, when the caller has them;
-    otherwise read from the newest checkpoint and ``vocab.txt``."""
+    otherwise read from the newest checkpoint and ``vocab.txt``.  ``say``: told of each
+    picture as it is written and of the work that takes minutes before one (a command's
+    output; None: nothing is said)."""
+    tell = say or (lambda message: None)
     from elmo_jax.train.export import require_workdir
 
     workdir = os.fspath(workdir)
@@ -150,13 +158,16 @@ def plot_run(workdir: str | os.PathLike, *, params: dict | None = None, model_co
         vocab_tokens = Vocabulary.load(os.path.join(workdir, "vocab.txt")).tokens
     references = corpus_references(corpus_dir, vocab_tokens) if synthetic else {}
     written = [plot_perplexity(workdir, metrics, references)]
+    tell(f"wrote {written[-1]}")
     if synthetic:
         if params is None:
+            tell("word senses: reading the newest checkpoint")
             loaded = _newest_params(workdir)
             if loaded is not None:
                 params, model_config = loaded
         if params is not None:
-            written.append(plot_word_senses(workdir, corpus_dir, params, model_config))
+            written.append(plot_word_senses(workdir, corpus_dir, params, model_config, say=say))
+            tell(f"wrote {written[-1]}")
     return written
 
 

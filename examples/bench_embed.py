@@ -18,10 +18,15 @@ from __future__ import annotations
 import argparse
 import time
 
-import jax
-import numpy as np
+if __name__ == "__main__":  # first: Ctrl-C / SIGTERM end the benchmark with one line, 130 / 143, whenever they come
+    from elmo_jax.train.stop import stop_cleanly
 
-from elmo_jax import Elmo
+    stop_cleanly(lambda name: f"bench_embed: stopped by {name}", at_once=True)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+
+from elmo_jax import Elmo  # noqa: E402
 
 _compiles: list[float] = []
 

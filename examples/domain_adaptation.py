@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 
-from elmo_jax.train.stop import EXIT_STOPPED, exit_process
+from elmo_jax.train.stop import EXIT_STOPPED, exit_process, exit_status, stop_cleanly, stopped_by
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -126,8 +126,9 @@ def picture(out: str, continued: dict[int, float], scratch: dict[int, float], op
 
 
 if __name__ == "__main__":
+    stop_cleanly(lambda name: f"domain_adaptation: stopped by {name}; the same command resumes the runs")
     try:
         exit_process(main())
-    except KeyboardInterrupt:  # Ctrl-C reaches the runs too; each saves before it ends
-        print("domain_adaptation: stopped by SIGINT; the same command resumes the runs", file=sys.stderr)
-        exit_process(130)
+    except KeyboardInterrupt as e:  # Ctrl-C reaches the runs too; each saves before it ends
+        print(f"domain_adaptation: stopped by {stopped_by(e)}; the same command resumes the runs", file=sys.stderr)
+        exit_process(exit_status(stopped_by(e)))

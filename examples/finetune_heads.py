@@ -33,15 +33,20 @@ import tempfile
 import time
 from typing import Callable, NamedTuple
 
-import jax
-import numpy as np
-import optax
+if __name__ == "__main__":  # first: a signal while jax loads ends the script with one line, 130 / 143
+    from elmo_jax.train.stop import stop_cleanly
 
-from elmo_jax.data.synthetic import load_corpus, write_corpus
-from elmo_jax.embedder import Elmo
-from elmo_jax.errors import USER_ERRORS
-from elmo_jax.finetune import accuracy, init_tagger, pad_labels, pad_layers, train_tagger
-from elmo_jax.train.stop import Stopped, raise_on_sigterm
+    stop_cleanly(lambda name: f"finetune_heads: stopped by {name}")
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+
+from elmo_jax.data.synthetic import load_corpus, write_corpus  # noqa: E402
+from elmo_jax.embedder import Elmo  # noqa: E402
+from elmo_jax.errors import USER_ERRORS  # noqa: E402
+from elmo_jax.finetune import accuracy, init_tagger, pad_labels, pad_layers, train_tagger  # noqa: E402
+from elmo_jax.train.stop import Stopped, raise_on_signal  # noqa: E402
 
 # Adam learning rates tried for each head; the best on the dev split is kept.
 LEARNING_RATES = (3e-2, 1e-2, 3e-3)
@@ -93,7 +98,7 @@ def run_stoppable(script: str, args: argparse.Namespace, body: Callable[[str], i
     removed however the script ends.  Ctrl-C / SIGTERM stop it at once with one line on
     stderr and exit status 130 / 143 (128 + the signal); bad input (a missing or broken model
     folder, ...) is one line and exit status 2, as on the command line (``USER_ERRORS``)."""
-    with raise_on_sigterm():
+    with raise_on_signal(lambda name: f"{script}: stopped by {name}"):
         temporary = None
         try:
             if not args.workdir:

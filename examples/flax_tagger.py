@@ -28,11 +28,16 @@ import os
 import sys
 import time
 
-import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
-from flax import nnx
+if __name__ == "__main__":  # first: a signal while jax loads ends the script with one line, 130 / 143
+    from elmo_jax.train.stop import stop_cleanly
+
+    stop_cleanly(lambda name: f"flax_tagger: stopped by {name}")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+import optax  # noqa: E402
+from flax import nnx  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from finetune_heads import (LEARNING_RATES, embedded, model_and_corpus, parse_args, run_stoppable,  # noqa: E402

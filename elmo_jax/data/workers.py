@@ -49,6 +49,8 @@ REIMPORTED_MAIN_EXIT = 97
 _OWNER_POLL_S = 0.5  # how often a worker checks its owner's pid (beside the pipe, which wakes it at once)
 _STOP_WAIT_S = 5.0  # how long stop_pool lets running tasks finish before killing their workers
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+# A -W option for the interpreters multiprocessing starts (its resource tracker among them).
+_QUIET_TRACKER = "ignore::UserWarning:multiprocessing.resource_tracker"
 
 
 class DataWorkerError(ElmoError):
@@ -65,9 +67,20 @@ def context():
     caller's main script, as ``spawn`` does (as ``__mp_main__``; a ``python -m pkg`` or an
     interactive session has none to import): that is why a script that starts workers
     needs ``if __name__ == "__main__":`` around its work (see :func:`exit_if_starting_worker`)."""
+    _quiet_resource_tracker()
     ctx = multiprocessing.get_context("forkserver")
     ctx.set_forkserver_preload(["elmo_jax.data.batches", "elmo_jax.data.prefetch", "elmo_jax.data.text_source"])
     return ctx
+
+
+def _quiet_resource_tracker() -> None:
+    """multiprocessing's resource tracker (a process of its own) removes the pools' named
+    semaphores that their owner could not, one killed by ``kill -9`` say, and then warns on
+    the owner's terminal "resource_tracker: There appear to be N leaked semaphore objects":
+    a line about nothing left to do.  The tracker (started with the owner's ``-W`` options,
+    ``sys.warnoptions``, when the first pool starts) still removes them, without that line."""
+    if _QUIET_TRACKER not in sys.warnoptions:
+        sys.warnoptions.append(_QUIET_TRACKER)
 
 
 def exit_if_starting_worker() -> None:
@@ -120,12 +133,24 @@ def _worker_start(owner_pid: int, initializer, initargs: tuple) -> None:
 
 
 # -- owner side -------------------------------------------------------------------------------
+class _Pool(ProcessPoolExecutor):
+    """A ``ProcessPoolExecutor`` whose ``submit`` (which may start a worker) is not cut by a
+    Ctrl-C / SIGTERM: the signal acts once the pool has recorded the worker it started, so
+    that :func:`stop_pool` stops every worker (see :func:`elmo_jax.train.stop.signals_held`)."""
+
+    def submit(self, *args, **kwargs):
+        from elmo_jax.train.stop import signals_held
+
+        with signals_held():
+            return super().submit(*args, **kwargs)
+
+
 def start_pool(workers: int, initializer=None, initargs: tuple = ()) -> ProcessPoolExecutor:
     """A pool of ``workers`` processes (started as tasks arrive) set up as the module
     docstring says, then running ``initializer(*initargs)``."""
     exit_if_starting_worker()
-    return ProcessPoolExecutor(int(workers), mp_context=context(), initializer=_worker_start,
-                               initargs=(os.getpid(), initializer, tuple(initargs)))
+    return _Pool(int(workers), mp_context=context(), initializer=_worker_start,
+                 initargs=(os.getpid(), initializer, tuple(initargs)))
 
 
 def _processes(pool: ProcessPoolExecutor) -> list:

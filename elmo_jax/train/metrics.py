@@ -165,7 +165,9 @@ class StepBar:
 
 def progress_postfix(record: dict) -> dict:
     """What the progress bar shows of a train record."""
-    postfix = {"epoch": f"{record['epoch']:.2f}", "tok/s": f"{record['tokens_per_sec']:.0f}",
+    from elmo_jax.rates import rate_text
+
+    postfix = {"epoch": f"{record['epoch']:.2f}", "tok/s": rate_text(record["tokens_per_sec"], 1.0),
                "loss": f"{record['loss']:.3f}"}
     if "perplexity" in record:
         postfix["ppl"] = f"{record['perplexity']:.1f}"

@@ -19,11 +19,17 @@ would but with the right status: every file the project writes is written atomic
 workdir lock is released by the system, and data workers end with their parent.  Raising
 ``KeyboardInterrupt`` at an arbitrary point of start-up, and then tearing the interpreter
 down while XLA's threads still compiled, ended in ``Segmentation fault`` (exit -11).
+
+Every entry point calls :func:`stop_cleanly` before numpy and jax load, so that a signal
+during imports, XLA's initialisation or the first compilation is one line and 130 / 143
+too: an exception raised there would be swallowed (jax's garbage-collector callback),
+turned into an ImportError, or printed as a traceback.
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -90,27 +96,146 @@ def exit_on_signal(message: Callable[[str], str]) -> Iterator[None]:
 
 class Stopped(KeyboardInterrupt):
     """SIGTERM, raised as Ctrl-C raises KeyboardInterrupt (``args[0]``: the signal's name),
-    so that a command's cleanup runs and it ends with 143 (:func:`raise_on_sigterm`)."""
+    so that a command's cleanup runs and it ends with 143 (:func:`raise_on_signal`)."""
+
+
+def stopped_by(error: KeyboardInterrupt) -> str:
+    """The name of the signal behind ``error`` (a :class:`Stopped`, or Ctrl-C's KeyboardInterrupt)."""
+    return error.args[0] if isinstance(error, Stopped) and error.args else "SIGINT"
+
+
+def _code(callback):
+    return getattr(callback, "__code__", None) or getattr(getattr(callback, "__func__", None), "__code__", None)
+
+
+def raising_is_lost(frame) -> bool:
+    """Whether an exception raised in ``frame`` (where a signal handler runs) would be lost or
+    changed on its way out: inside a garbage-collector callback (jax installs one; Python
+    prints "Exception ignored in ..." and carries on), a finaliser (``__del__``), or an import
+    (an extension module being initialised turns it into an ``ImportError``)."""
+    callbacks = {_code(cb) for cb in gc.callbacks} - {None}
+    while frame is not None:
+        code = frame.f_code
+        if code in callbacks or code.co_name == "__del__" or code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _raise_or_exit(message: Callable[[str], str]):
+    """A handler for SIGINT / SIGTERM: raise KeyboardInterrupt / :class:`Stopped` where that
+    reaches the caller's cleanup, else (:func:`raising_is_lost`) end at once with one line."""
+
+    def handler(signum, frame):
+        name = signal.Signals(signum).name
+        if raising_is_lost(frame):
+            exit_now(EXIT_STOPPED[signum], message(name))
+        raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(name)
+
+    handler.stops_cleanly = True
+    return handler
+
+
+def _exit_when_swallowed(message: Callable[[str], str], previous):
+    """A ``sys.unraisablehook``: a KeyboardInterrupt / :class:`Stopped` that Python could not
+    raise (a callback's or finaliser's, printed as "Exception ignored" and then forgotten)
+    ends the process with one line and 130 / 143 instead; anything else goes to ``previous``."""
+
+    def hook(unraisable):
+        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+            name = stopped_by(unraisable.exc_value)
+            exit_now(exit_status(name), message(name))
+        previous(unraisable)
+
+    return hook
+
+
+def _install(handler, message: Callable[[str], str], signals=STOP_SIGNALS) -> Callable[[], None] | None:
+    """Install ``handler`` for ``signals`` and the unraisable hook; returns what undoes it
+    (None outside the main thread, where nothing changes)."""
+    previous = {}
+    try:
+        for s in signals:
+            previous[s] = signal.signal(s, handler)
+    except ValueError:  # not the main thread
+        return None
+    hook = sys.unraisablehook
+    sys.unraisablehook = _exit_when_swallowed(message, hook)
+
+    def undo():
+        sys.unraisablehook = hook
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+    return undo
+
+
+def stop_cleanly(message: Callable[[str], str], *, at_once: bool = False) -> None:
+    """For a program's entry point, before it imports jax (``train.py``, ``elmo-jax``, the
+    examples; never a library): from now on SIGINT / SIGTERM end the process with status
+    130 / 143 and one line, ``message(signal name)``, whenever they come.  A signal raises
+    KeyboardInterrupt / :class:`Stopped` where the program can catch it and clean up; during
+    an import, jax's garbage-collector callback or a finaliser (where Python would swallow it
+    or turn it into an ImportError) it ends the process at once.  ``at_once``: always at once
+    (a program with nothing to clean up).  Stop handlers already installed are kept."""
+    if getattr(signal.getsignal(signal.SIGINT), "stops_cleanly", False):
+        return
+    if at_once:
+        def handler(signum, frame):
+            exit_now(EXIT_STOPPED[signum], message(signal.Signals(signum).name))
+
+        handler.stops_cleanly = True
+    else:
+        handler = _raise_or_exit(message)
+    _install(handler, message)
 
 
 @contextlib.contextmanager
-def raise_on_sigterm() -> Iterator[None]:
-    """For commands that keep no checkpoint (embed, export, eval, demo): SIGTERM raises
-    :class:`Stopped` where the default would kill the process without a word; the caller's
-    handler is back afterwards; outside the main thread nothing changes."""
+def raise_on_signal(message: Callable[[str], str], signals=STOP_SIGNALS) -> Iterator[None]:
+    """:func:`stop_cleanly`'s handlers (raising) for a block, then the caller's again: for a
+    command that cleans up after a stop (embed, export, eval, demo); outside the main thread
+    nothing changes."""
+    undo = _install(_raise_or_exit(message), message, signals)
+    try:
+        yield
+    finally:
+        if undo is not None:
+            undo()
 
-    def handler(signum, frame):
-        raise Stopped(signal.Signals(signum).name)
+
+def raise_on_sigterm(message: Callable[[str], str] | None = None) -> contextlib.AbstractContextManager:
+    """SIGTERM raises :class:`Stopped` for a block where the default would kill the process
+    without a word (see :func:`raise_on_signal`; ``message`` names the program in the line
+    written where it cannot be raised)."""
+    program = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "python"
+    return raise_on_signal(message or (lambda name: f"{program}: stopped by {name}"), (signal.SIGTERM,))
+
+
+@contextlib.contextmanager
+def signals_held(signals=STOP_SIGNALS) -> Iterator[None]:
+    """SIGINT / SIGTERM wait for the end of a block that must not be cut in two (a process
+    pool starting a worker and recording it: cut between the two, the worker is one the pool
+    never stops and the interpreter's exit waits for it for ever).  A signal that comes in
+    the block is sent again when it ends, to the handlers that were there before.  Outside
+    the main thread (where no handler runs) nothing changes."""
+    received: list[int] = []
+
+    def hold(signum, frame):
+        if signum not in received:
+            received.append(signum)
 
     try:
-        previous = signal.signal(signal.SIGTERM, handler)
-    except ValueError:
+        previous = {s: signal.signal(s, hold) for s in signals}
+    except ValueError:  # not the main thread
         yield
         return
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, h in previous.items():
+            signal.signal(s, h)
+        for s in received:
+            signal.raise_signal(s)
 
 
 class StopRequest:
