@@ -5,8 +5,11 @@ projected-LSTM language model, weight files in the released models' HDF5 layout,
 ``Elmo`` for embedding text from a notebook.
 """
 
+from elmo_jax import _moved
 from elmo_jax.chars import TokenTruncatedWarning, batch_to_ids
 from elmo_jax.config import ConfigError, ElmoConfig, count_params
+
+_moved.install()
 
 __all__ = ["ConfigError", "Elmo", "ElmoConfig", "TokenTruncatedWarning", "batch_to_ids", "count_params",
            "read_embeddings"]

@@ -1,0 +1,43 @@
+"""Old module paths that still import: ``import elmo_jax.embedder`` gives the module now at
+``elmo_jax.embedding.embedder`` (the same module object, so attributes set through either name
+are seen through both).
+
+The old paths are not files: a file left at the old path would stop git from following the
+move.  Code inside the package imports the new paths; these are for users' code.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+MOVED = {}
+"""Old dotted module path -> the path it moved to."""
+
+
+class _Alias(importlib.abc.Loader):
+    def __init__(self, target: str):
+        self.target = target
+
+    def create_module(self, spec):
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module) -> None:
+        # The import system stamps the alias's spec on the module; give it its own back.
+        module.__spec__ = sys.modules[self.target].__spec__
+
+
+class MovedModules(importlib.abc.MetaPathFinder):
+    """Finds each old path of :data:`MOVED` as an alias of its new module."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname not in MOVED:
+            return None
+        return importlib.util.spec_from_loader(fullname, _Alias(MOVED[fullname]))
+
+
+def install() -> None:
+    if not any(isinstance(f, MovedModules) for f in sys.meta_path):
+        sys.meta_path.append(MovedModules())
