@@ -226,7 +226,7 @@ class Suite:
         for preset in self.presets:
             cfg = ElmoConfig.preset(preset)
             fpt = flops.embed_flops_per_token(cfg)
-            log(f"{preset}: writing random weights (elmo_jax.weights.save_weights) ...")
+            log(f"{preset}: writing random weights (elmo_jax.formats.hdf5.save_weights) ...")
             s = self.ours("save", "--preset", preset, "--model-dir", self.model_dir(preset))
             if "error" in s:
                 raise SystemExit(f"save failed: {s['error']}")

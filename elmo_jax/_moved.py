@@ -13,7 +13,9 @@ import importlib.abc
 import importlib.util
 import sys
 
-MOVED = {}
+MOVED = {
+    "elmo_jax.weights": "elmo_jax.formats.hdf5",
+}
 """Old dotted module path -> the path it moved to."""
 
 
@@ -22,11 +24,13 @@ class _Alias(importlib.abc.Loader):
         self.target = target
 
     def create_module(self, spec):
-        return importlib.import_module(self.target)
+        module = importlib.import_module(self.target)
+        self.own_spec = module.__spec__
+        return module
 
     def exec_module(self, module) -> None:
-        # The import system stamps the alias's spec on the module; give it its own back.
-        module.__spec__ = sys.modules[self.target].__spec__
+        # The import system stamped the alias's spec on the module: give it its own back.
+        module.__spec__ = self.own_spec
 
 
 class MovedModules(importlib.abc.MetaPathFinder):
@@ -40,4 +44,4 @@ class MovedModules(importlib.abc.MetaPathFinder):
 
 def install() -> None:
     if not any(isinstance(f, MovedModules) for f in sys.meta_path):
-        sys.meta_path.append(MovedModules())
+        sys.meta_path.insert(0, MovedModules())  # before any finder that could find a stale old file

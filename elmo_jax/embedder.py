@@ -91,7 +91,7 @@ from elmo_jax.embedding.token_cache import (ANY_PRECISION, TokenCache, check_voc
 from elmo_jax.errors import ElmoError
 from elmo_jax.model.bilm import init_params
 from elmo_jax.model.precision import compute_dtype
-from elmo_jax.weights import load_weights, save_weights
+from elmo_jax.formats.hdf5 import load_weights, save_weights
 
 OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
@@ -207,7 +207,7 @@ class Elmo:
         ``word.dic``, ``*.pkl``) is converted once into the model cache
         (:mod:`elmo_jax.manylangs`) and read from there.
         Raises ``FileNotFoundError`` naming a missing file and
-        :class:`elmo_jax.weights.WeightFileError` naming the first dataset that does not
+        :class:`elmo_jax.formats.hdf5.WeightFileError` naming the first dataset that does not
         fit the options.  ``devices``: as for :class:`Elmo`.
         """
         if model_dir is not None:

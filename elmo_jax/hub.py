@@ -22,7 +22,7 @@ on every later use.
 
 A download goes into a temporary folder beside the entry; each file is resumed with an
 HTTP ``Range`` request after a dropped connection; archives are extracted there; the
-options and weights are checked against each other (:func:`elmo_jax.weights.load_weights`),
+options and weights are checked against each other (:func:`elmo_jax.formats.hdf5.load_weights`),
 and only then is the folder renamed into place, so an entry is complete or absent.  An
 exclusive file lock (``fcntl.flock``) per entry serialises processes fetching the same
 model: the second one waits and then uses the first one's copy.
@@ -77,7 +77,7 @@ from elmo_jax import __version__
 from elmo_jax.atomic import file_sha256, write_json
 from elmo_jax.config import ElmoConfig
 from elmo_jax.errors import ElmoError
-from elmo_jax.weights import load_weights
+from elmo_jax.formats.hdf5 import load_weights
 
 try:
     import fcntl

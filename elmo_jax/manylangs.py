@@ -46,7 +46,7 @@ from elmo_jax.atomic import atomic_path, write_json
 from elmo_jax.config import CharCNNConfig, ConfigError, ElmoConfig, LSTMConfig, VocabConfig
 from elmo_jax.errors import ElmoError
 from elmo_jax.torch_pickle import load_state_dict
-from elmo_jax.weights import save_weights
+from elmo_jax.formats.hdf5 import save_weights
 
 CONFIG_FILE = "config.json"
 CHAR_DIC = "char.dic"

@@ -12,7 +12,7 @@ import pytest
 from elmo_jax import Elmo, batch_to_ids
 from elmo_jax.embedder import row_bucket, time_bucket
 from elmo_jax.model.bilm import bilm
-from elmo_jax.weights import WeightFileError
+from elmo_jax.formats.hdf5 import WeightFileError
 from tests.conftest import assert_close_across_programs
 
 MICRO = {"dim": 16, "projection_dim": 8, "embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]],

@@ -24,7 +24,7 @@ from tests.conftest import REPO, require_fixtures, wait_for
 from elmo_jax import Elmo, hub
 from elmo_jax.cli import main
 from elmo_jax.config import ElmoConfig
-from elmo_jax.weights import datasets_to_params, expected_shapes, save_weights
+from elmo_jax.formats.hdf5 import datasets_to_params, expected_shapes, save_weights
 
 SMALL_DIR = hub.RELEASED_MODELS["small"]
 

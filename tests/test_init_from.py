@@ -134,7 +134,7 @@ def test_softmax_rows_of_an_export_are_carried_bit_for_bit(exported, tmp_path):
         else:  # as a fresh run with this seed has it
             assert softmax["w"][i].tobytes() == np.asarray(fresh["params"]["softmax"]["w"][i]).tobytes()
     # The biLM is the export's, bit for bit.
-    from elmo_jax.weights import load_weights
+    from elmo_jax.formats.hdf5 import load_weights
 
     for x, y in zip(jax.tree.leaves(pretrained.bilm), jax.tree.leaves(load_weights(exported / "weights.hdf5",
                                                                                   pretrained.config))):

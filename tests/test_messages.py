@@ -17,7 +17,7 @@ from flax import nnx
 from elmo_jax import Elmo
 from elmo_jax.errors import ElmoError
 from elmo_jax.nnx import ElmoLayer, batch_inputs
-from elmo_jax.weights import WeightFileError
+from elmo_jax.formats.hdf5 import WeightFileError
 
 from tests.conftest import REPO
 from tests.test_nnx import MICRO, SENTS, _random_elmo

@@ -3,7 +3,7 @@
 ``export(workdir, out_dir)`` writes::
 
     out_dir/options.json    the architecture, in the released models' spelling
-    out_dir/weights.hdf5    the biLM in the released HDF5 layout (elmo_jax.weights)
+    out_dir/weights.hdf5    the biLM in the released HDF5 layout (elmo_jax.formats.hdf5)
     out_dir/vocab.txt       the target vocabulary (one token per line)
     out_dir/softmax.hdf5    the shared softmax: datasets softmax/W [V, P], softmax/b [V]
 
@@ -35,7 +35,7 @@ from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.step import init_train_state, make_optimizer
 from elmo_jax.train.workdir import check_run_inputs
 from elmo_jax.model.lstm import zero_state
-from elmo_jax.weights import check_finite_weights, params_to_datasets, save_weights
+from elmo_jax.formats.hdf5 import check_finite_weights, params_to_datasets, save_weights
 
 SOFTMAX_FILE = "softmax.hdf5"
 VOCAB_FILE = "vocab.txt"

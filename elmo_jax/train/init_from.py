@@ -43,7 +43,7 @@ from elmo_jax.data.vocab import Vocabulary
 from elmo_jax.hub import resolve_model
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.workdir import TrainingError
-from elmo_jax.weights import check_finite_weights
+from elmo_jax.formats.hdf5 import check_finite_weights
 
 SOFTMAX_FILE = "softmax.hdf5"  # what elmo-jax export writes beside the model (train.export)
 VOCAB_FILE = "vocab.txt"
