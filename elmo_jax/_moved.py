@@ -14,6 +14,7 @@ import importlib.util
 import sys
 
 MOVED = {
+    "elmo_jax.torch_pickle": "elmo_jax.formats.torch_pickle",
     "elmo_jax.weights": "elmo_jax.formats.hdf5",
 }
 """Old dotted module path -> the path it moved to."""

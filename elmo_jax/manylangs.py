@@ -5,7 +5,7 @@ architecture JSON, which may be missing: the package then uses its own ``configs
 two files :data:`SHIPPED_ARCHITECTURES` repeats), ``char.dic`` and ``word.dic`` (``token<TAB>id``
 per line; a line with one field is the ideographic space U+3000) and the PyTorch state dicts
 ``token_embedder.pkl`` and ``encoder.pkl`` (the released 2018 files in torch's pre-1.6
-layout; both layouts are read by :mod:`elmo_jax.torch_pickle`, without torch).
+layout; both layouts are read by :mod:`elmo_jax.formats.torch_pickle`, without torch).
 
 :func:`convert` writes the model in this package's layout: ``options.json`` with a ``vocab``
 section (:class:`elmo_jax.config.VocabConfig`), ``weights.hdf5`` (with ``word_embed``) and
@@ -45,7 +45,7 @@ import numpy as np
 from elmo_jax.atomic import atomic_path, write_json
 from elmo_jax.config import CharCNNConfig, ConfigError, ElmoConfig, LSTMConfig, VocabConfig
 from elmo_jax.errors import ElmoError
-from elmo_jax.torch_pickle import load_state_dict
+from elmo_jax.formats.torch_pickle import load_state_dict
 from elmo_jax.formats.hdf5 import save_weights
 
 CONFIG_FILE = "config.json"
