@@ -256,7 +256,8 @@ def _embed_run(args: argparse.Namespace) -> int:
 
 def _download(args: argparse.Namespace) -> int:
     """Fetch a model into the cache (elmo_jax.hub) and say where its files are."""
-    from elmo_jax import hub, manylangs
+    from elmo_jax import hub
+    from elmo_jax.formats import manylangs
 
     if args.list:
         print("released English models (AllenNLP):")

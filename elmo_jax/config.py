@@ -11,7 +11,7 @@
 padding row); both describe the same model.  This package always runs the 262 form.
 
 Models whose tokens are read through vocabulary files instead of UTF-8 bytes (HIT-SCIR's
-ELMoForManyLangs, converted by :mod:`elmo_jax.manylangs`) add a ``vocab`` section
+ELMoForManyLangs, converted by :mod:`elmo_jax.formats.manylangs`) add a ``vocab`` section
 (:class:`VocabConfig`): a char table of ``char.dic``'s size (+1 padding row), and optionally
 a word table whose vectors are concatenated with the char CNN + highway output before the
 projection.  Their token ids are ``[word id, char ids ...]`` (width ``1 + C``, see

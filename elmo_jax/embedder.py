@@ -205,7 +205,7 @@ class Elmo:
         (:mod:`elmo_jax.workdir_model`).  ``progress=False`` turns the download's progress
         bar off.  A folder of HIT-SCIR's ELMoForManyLangs (``config.json``, ``char.dic``,
         ``word.dic``, ``*.pkl``) is converted once into the model cache
-        (:mod:`elmo_jax.manylangs`) and read from there.
+        (:mod:`elmo_jax.formats.manylangs`) and read from there.
         Raises ``FileNotFoundError`` naming a missing file and
         :class:`elmo_jax.formats.hdf5.WeightFileError` naming the first dataset that does not
         fit the options.  ``devices``: as for :class:`Elmo`.
@@ -229,7 +229,7 @@ class Elmo:
                 from elmo_jax import hub
 
                 raise FileNotFoundError(f"model folder not found: {model_dir}" + hub._suggestion(model_dir))
-            from elmo_jax import manylangs
+            from elmo_jax.formats import manylangs
 
             if manylangs.is_manylangs_folder(model_dir) and not os.path.exists(os.path.join(model_dir, OPTIONS_FILE)):
                 model_dir = os.fspath(manylangs.cached_conversion(model_dir))  # converted once, then HDF5
@@ -242,7 +242,7 @@ class Elmo:
         config = ElmoConfig.from_json_file(options_file)
         token_ids = None
         if config.vocab is not None:  # a converted ELMoForManyLangs model: its .dic files lie beside
-            from elmo_jax import manylangs
+            from elmo_jax.formats import manylangs
 
             folder = os.path.dirname(os.path.abspath(options_file))
             manylangs.check_vocab_files(folder, config)

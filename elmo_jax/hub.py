@@ -27,7 +27,7 @@ and only then is the folder renamed into place, so an entry is complete or absen
 exclusive file lock (``fcntl.flock``) per entry serialises processes fetching the same
 model: the second one waits and then uses the first one's copy.
 
-ELMoForManyLangs models (:mod:`elmo_jax.manylangs`): ``manylangs/<code>`` names the 44
+ELMoForManyLangs models (:mod:`elmo_jax.formats.manylangs`): ``manylangs/<code>`` names the 44
 released ones (``manylangs/fr``; ``$ELMO_JAX_MANYLANGS_URL`` replaces their host), and any
 archive holding such a folder (``config.json``, ``char.dic``, ``word.dic``, the two ``.pkl``
 files) is converted once, in the staging folder, and cached in this package's layout.
@@ -165,7 +165,7 @@ def is_url(spec: object) -> bool:
 
 def released_names() -> list[str]:
     """Every released model's name: the English ones, then ``manylangs/<code>``."""
-    from elmo_jax import manylangs
+    from elmo_jax.formats import manylangs
 
     return list(RELEASED_MODELS) + manylangs.released_names()
 
@@ -241,7 +241,7 @@ def _local_folder(path: Path) -> Path:
 
 def model_source(spec: str, models_url: str = DEFAULT_MODELS_URL) -> ModelSource:
     """Parse a released name or a URL (see the module docstring for the URL forms)."""
-    from elmo_jax import manylangs
+    from elmo_jax.formats import manylangs
 
     official = not os.environ.get(MODELS_URL_ENV)
     if spec in RELEASED_MODELS:
@@ -431,7 +431,7 @@ def _architecture_problem(config: ElmoConfig, source: ModelSource) -> str | None
     if source.architecture is None:
         return None
     if source.architecture == "manylangs":
-        from elmo_jax import manylangs
+        from elmo_jax.formats import manylangs
 
         known = manylangs.released_config_fields()
         found = manylangs.config_fields(config)
@@ -678,7 +678,7 @@ def _fetch_archive(source: ModelSource, staging: Path, model: Path, partial: Pat
     except ElmoError as e:
         raise DownloadError(f"{url}: {e}; nothing was cached").with_traceback(None) from None
     if manylangs_folder is not None:
-        from elmo_jax import manylangs
+        from elmo_jax.formats import manylangs
 
         try:
             manylangs.convert(manylangs_folder, model)
@@ -696,7 +696,7 @@ def _fetch_archive(source: ModelSource, staging: Path, model: Path, partial: Pat
 def _manylangs_folder_in(root: Path) -> Path | None:
     """The one folder of an extracted archive in ELMoForManyLangs' layout, if there is one
     (and no options.json beside it)."""
-    from elmo_jax import manylangs
+    from elmo_jax.formats import manylangs
 
     folders = sorted({p.parent for p in root.rglob(manylangs.ENCODER_FILE) if p.is_file()})
     folders = [f for f in folders if manylangs.is_manylangs_folder(f) and not any(f.glob("*options*.json"))]
@@ -781,7 +781,7 @@ def _write_manifest(model: Path, source: ModelSource, downloaded: bool) -> None:
 def _adopt(entry: Path, source: ModelSource) -> Path:
     """An entry put in place by hand (see :class:`OfflineError`): checked, then recorded.
     An ELMoForManyLangs folder (the unzipped archive) is converted in place first."""
-    from elmo_jax import manylangs
+    from elmo_jax.formats import manylangs
 
     if not (entry / OPTIONS_FILE).is_file() and manylangs.is_manylangs_folder(entry):
         manylangs.convert(entry, entry)

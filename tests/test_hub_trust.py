@@ -13,7 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elmo_jax import Elmo, hub, manylangs
+from elmo_jax import Elmo, hub
+
+from elmo_jax.formats import manylangs
 from elmo_jax.cli import main
 from tests.conftest import wait_for
 from tests.test_hub import _entries, _serve, _sha, _tiny_model, home, server, tiny  # noqa: F401 - fixtures

@@ -11,7 +11,7 @@ direction ``d`` (0 forward, 1 backward) and LSTM layer ``l``)::
                                              .../B     [4H]       gates i, j, f, o
                                              .../W_P_0 [H, P]
 
-A vocabulary model (``config.vocab``, :mod:`elmo_jax.manylangs`) has ``char_embed``
+A vocabulary model (``config.vocab``, :mod:`elmo_jax.formats.manylangs`) has ``char_embed``
 ``[n_chars, D]``, ``word_embed [n_words, W]`` (no padding rows on disk) and
 ``CNN_proj/W_proj [W + F, P]`` (word vector rows first).
 
