@@ -16,6 +16,7 @@ import sys
 MOVED = {
     "elmo_jax.manylangs": "elmo_jax.formats.manylangs",
     "elmo_jax.torch_pickle": "elmo_jax.formats.torch_pickle",
+    "elmo_jax.train.export": "elmo_jax.formats.training_run",
     "elmo_jax.weights": "elmo_jax.formats.hdf5",
 }
 """Old dotted module path -> the path it moved to."""

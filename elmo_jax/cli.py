@@ -160,7 +160,7 @@ def _is_main() -> bool:
 
 def _eval(args: argparse.Namespace) -> int:
     """Held-out perplexity of a workdir's latest checkpoint (full softmax)."""
-    from elmo_jax.train.export import load_checkpoint_params
+    from elmo_jax.formats.training_run import load_checkpoint_params
     from elmo_jax.train.loop import data_dir_for
     from elmo_jax.data.text_source import make_source
 
@@ -203,7 +203,7 @@ def _eval_source(args: argparse.Namespace, loaded, data: str, source) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from elmo_jax.train.export import export
+    from elmo_jax.formats.training_run import export
 
     out = export(args.workdir, args.out_dir, step=args.step, overwrite=args.overwrite)
     print(f"exported step {out['step']} to {args.out_dir}: {', '.join(out['files'])}")

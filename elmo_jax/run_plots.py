@@ -132,7 +132,7 @@ def plot_run(workdir: str | os.PathLike, *, params: dict | None = None, model_co
     """Write the run's pictures next to its results; returns their paths.  ``params`` (the
     biLM's), ``model_config`` and ``vocab_tokens``: the run's, when the caller has them;
     otherwise read from the newest checkpoint and ``vocab.txt``."""
-    from elmo_jax.train.export import require_workdir
+    from elmo_jax.formats.training_run import require_workdir
 
     workdir = os.fspath(workdir)
     require_workdir(workdir)
@@ -157,7 +157,7 @@ def plot_run(workdir: str | os.PathLike, *, params: dict | None = None, model_co
 
 def _newest_params(workdir: str) -> tuple[Any, Any] | None:
     from elmo_jax.train.checkpoints import Checkpoints
-    from elmo_jax.train.export import load_checkpoint_params
+    from elmo_jax.formats.training_run import load_checkpoint_params
 
     if not os.path.isdir(os.path.join(workdir, "checkpoints")):
         return None

@@ -3,7 +3,7 @@
 ``Elmo.load("runs/tiny")``, ``elmo-jax embed ... --model runs/tiny``, ``ElmoLayer("runs/tiny")``
 and the examples' model argument all reach :func:`elmo_jax.hub.resolve_model`, which hands a
 folder that :func:`is_training_workdir` recognises to :func:`workdir_model`.  That exports
-the run's newest checkpoint with :func:`elmo_jax.train.export.export` (the same files as
+the run's newest checkpoint with :func:`elmo_jax.formats.training_run.export` (the same files as
 ``elmo-jax export``) into::
 
     $ELMO_JAX_HOME/runs/<run folder name>-<hash of its real path>/step-<N>-<checkpoint stamp>/
@@ -41,10 +41,10 @@ def workdir_model(workdir: str | os.PathLike, cache_root: str | os.PathLike, *,
     newest checkpoint, exported into ``cache_root/runs`` on first use (module docstring).
 
     Raises :class:`ElmoError` for a workdir without a checkpoint, and what
-    :func:`elmo_jax.train.export.export` raises for a damaged one (naming ``--step``)."""
+    :func:`elmo_jax.formats.training_run.export` raises for a damaged one (naming ``--step``)."""
     from elmo_jax.embedder import OPTIONS_FILE, WEIGHTS_FILE
     from elmo_jax.train.checkpoints import Checkpoints
-    from elmo_jax.train.export import export
+    from elmo_jax.formats.training_run import export
 
     if log is None:
         log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731

@@ -52,7 +52,7 @@ MICRO = {"dim": 32, "projection_dim": 16, "embedding_dim": 4, "filters": [[1, 8]
 
 def pretrain(workdir: str, corpus: str, quick: bool) -> Elmo:
     from elmo_jax.train.config_loader import TrainConfig
-    from elmo_jax.train.export import export
+    from elmo_jax.formats.training_run import export
     from elmo_jax.train.loop import train
 
     cfg = TrainConfig(

@@ -22,7 +22,7 @@ SENTENCES = ["the bank of the river", "she went to the bank", "银行 取钱", "
 
 def test_export_load_embed_equals_checkpoint_forward(tmp_path):
     from elmo_jax.train.config_loader import TrainConfig
-    from elmo_jax.train.export import export, load_checkpoint_params
+    from elmo_jax.formats.training_run import export, load_checkpoint_params
     from elmo_jax.train.loop import train
 
     rng = np.random.default_rng(0)

@@ -182,7 +182,7 @@ def test_a_second_run_on_a_busy_workdir_is_refused_naming_the_holder(reference_r
     export can read meanwhile; once the first is killed (-9), the lock is gone and the run resumes."""
     import socket
 
-    from elmo_jax.train.export import export
+    from elmo_jax.formats.training_run import export
     from elmo_jax.train.loop import train
     from elmo_jax.train.workdir import WorkdirBusyError
 
@@ -747,7 +747,7 @@ def test_a_resume_refuses_a_swapped_vocabulary_or_a_changed_config(reference_run
 
 _KILLED_EXPORT = """
 import os, signal, sys
-from elmo_jax.train import export as ex
+from elmo_jax.formats import training_run as ex
 def dying(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)  # kill -9 while the weights are written
 ex.save_weights = dying

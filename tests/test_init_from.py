@@ -50,7 +50,7 @@ def _records(workdir, kind):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """A run here on domain A, exported: the source of the continued runs below."""
-    from elmo_jax.train.export import export
+    from elmo_jax.formats.training_run import export
 
     tmp = tmp_path_factory.mktemp("source")
     cfg = _cfg(tmp, _corpus(tmp / "a.txt", WORDS_A, 60, 0), model_overrides=MICRO, max_steps=3,

@@ -112,7 +112,7 @@ def _params(workdir: Path, step: int):
     code = textwrap.dedent(f"""
         import json, jax, numpy as np
         from elmo_jax.train.checkpoints import Checkpoints
-        from elmo_jax.train.export import load_checkpoint_params
+        from elmo_jax.formats.training_run import load_checkpoint_params
         meta = Checkpoints({str(workdir)!r}).read_meta({step})
         loaded = load_checkpoint_params({str(workdir)!r}, step={step})
         print(json.dumps({{"meta": meta, "leaves": [np.asarray(x).tolist() for x in jax.tree.leaves(loaded.params)]}}))

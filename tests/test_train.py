@@ -266,7 +266,7 @@ def test_derived_files_from_an_earlier_start_follow_the_config(tmp_path, capsys)
 
 def test_export_refuses_to_replace_the_workdir(tmp_path):
     from elmo_jax.errors import ElmoError
-    from elmo_jax.train.export import export
+    from elmo_jax.formats.training_run import export
 
     run = tmp_path / "runs" / "a"
     train(_cfg(tmp_path, max_steps=3), str(run), progress=False)

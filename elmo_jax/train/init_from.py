@@ -153,7 +153,7 @@ def resolve_folder(spec: str, *, progress: bool = True) -> str:
 
 def _from_workdir(folder: str) -> Pretrained:
     from elmo_jax.train.checkpoints import CheckpointError
-    from elmo_jax.train.export import load_checkpoint_params
+    from elmo_jax.formats.training_run import load_checkpoint_params
 
     try:
         loaded = load_checkpoint_params(folder)
