@@ -18,6 +18,7 @@ MOVED = {
     "elmo_jax.torch_pickle": "elmo_jax.formats.torch_pickle",
     "elmo_jax.train.export": "elmo_jax.formats.training_run",
     "elmo_jax.weights": "elmo_jax.formats.hdf5",
+    "elmo_jax.workdir_model": "elmo_jax.formats.run_exports",
 }
 """Old dotted module path -> the path it moved to."""
 

@@ -202,7 +202,7 @@ class Elmo:
         ``model_dir`` may also be a released model's name (``"original"``) or an http(s)
         URL: :func:`elmo_jax.hub.resolve_model` downloads it once into the cache; or a
         training workdir: its newest checkpoint, exported once into the cache
-        (:mod:`elmo_jax.workdir_model`).  ``progress=False`` turns the download's progress
+        (:mod:`elmo_jax.formats.run_exports`).  ``progress=False`` turns the download's progress
         bar off.  A folder of HIT-SCIR's ELMoForManyLangs (``config.json``, ``char.dic``,
         ``word.dic``, ``*.pkl``) is converted once into the model cache
         (:mod:`elmo_jax.formats.manylangs`) and read from there.
@@ -215,7 +215,7 @@ class Elmo:
                 raise ValueError("give either model_dir or options_file + weight_file, not both")
             model_dir = os.fspath(model_dir)
             from elmo_jax import hub
-            from elmo_jax.workdir_model import is_training_workdir
+            from elmo_jax.formats.run_exports import is_training_workdir
 
             if (not os.path.exists(model_dir) and hub.is_model_spec(model_dir)) or is_training_workdir(model_dir):
                 # a released model's name or a URL: the cached copy; a run's workdir: its export

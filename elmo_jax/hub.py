@@ -231,8 +231,8 @@ def _suggestion(spec: str) -> str:
 
 def _local_folder(path: Path) -> Path:
     """An existing folder as a model folder: itself, or for a training workdir the export of
-    its newest checkpoint (:mod:`elmo_jax.workdir_model`, cached under :func:`cache_home`)."""
-    from elmo_jax.workdir_model import is_training_workdir, workdir_model
+    its newest checkpoint (:mod:`elmo_jax.formats.run_exports`, cached under :func:`cache_home`)."""
+    from elmo_jax.formats.run_exports import is_training_workdir, workdir_model
 
     if is_training_workdir(path):
         return workdir_model(path, cache_home())
