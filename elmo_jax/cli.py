@@ -256,12 +256,14 @@ def _embed_run(args: argparse.Namespace) -> int:
 
 def _download(args: argparse.Namespace) -> int:
     """Fetch a model into the cache (elmo_jax.hub) and say where its files are."""
-    from elmo_jax import hub
     from elmo_jax.formats import manylangs
+    from elmo_jax.hub.cache import PARTIAL_DIR, cache_home
+    from elmo_jax.hub.names import RELEASED_MODELS
+    from elmo_jax.resolve import resolve_model
 
     if args.list:
         print("released English models (AllenNLP):")
-        for name, folder in hub.RELEASED_MODELS.items():
+        for name, folder in RELEASED_MODELS.items():
             print(f"  {name:16} {folder}")
         print("ELMoForManyLangs (HIT-SCIR; converted on download):")
         for code, (number, language) in manylangs.RELEASED.items():
@@ -270,11 +272,11 @@ def _download(args: argparse.Namespace) -> int:
     if not args.model:
         raise ValueError("name a model (or URL) to download, or --list to see the released names")
     try:
-        folder = hub.resolve_model(args.model, offline=True if args.offline else None,
-                                   progress=not args.no_progress, force=args.force)
+        folder = resolve_model(args.model, offline=True if args.offline else None,
+                               progress=not args.no_progress, force=args.force)
     except KeyboardInterrupt:
         print(f"elmo-jax download: interrupted; the part already downloaded is kept in "
-              f"{hub.cache_home() / hub.PARTIAL_DIR} and `elmo-jax download {args.model}` resumes it",
+              f"{cache_home() / PARTIAL_DIR} and `elmo-jax download {args.model}` resumes it",
               file=sys.stderr)
         return 130
     print(f"{args.model}: {folder}")

@@ -22,3 +22,15 @@ def test_old_paths_import_in_a_fresh_process():
     code = "\n".join(lines) + "\nfrom elmo_jax.weights import load_weights\nprint('ok')"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "ok", out.stderr
+
+
+def test_hub_keeps_its_names():
+    from elmo_jax import hub
+    from elmo_jax.hub import resolve_model  # the name users have always imported from here
+    from elmo_jax.resolve import resolve_model as resolver
+
+    assert resolve_model is resolver and hub.resolve_model is resolver
+    for name in hub.__all__:
+        assert getattr(hub, name) is not None
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        hub.nope  # noqa: B018

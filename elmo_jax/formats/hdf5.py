@@ -18,6 +18,9 @@ A vocabulary model (``config.vocab``, :mod:`elmo_jax.formats.manylangs`) has ``c
 The forget-gate bias 1.0 is not stored (it is added at run time), so no conversion is
 needed for it; the padding row of the char table is prepended on load and dropped on save.
 Loading then saving gives the same datasets bit for bit.
+
+A model folder holds ``options.json`` + ``weights.hdf5``; the released models' folders name
+them ``*options*.json`` and ``*weights*.hdf5`` (:func:`model_files` finds either).
 """
 
 from __future__ import annotations
@@ -33,6 +36,9 @@ from elmo_jax.atomic import atomic_path
 from elmo_jax.config import ElmoConfig
 from elmo_jax.errors import ElmoError
 from elmo_jax.textio import HDF5_SIGNATURE
+
+OPTIONS_FILE = "options.json"
+WEIGHTS_FILE = "weights.hdf5"
 
 
 class WeightFileError(ElmoError, ValueError):
@@ -239,3 +245,30 @@ def save_weights(params: dict, config: ElmoConfig, path: str | os.PathLike) -> N
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         for name, array in params_to_datasets(params, config).items():
             f.create_dataset(name, data=array)
+
+
+def model_files(model_dir: str | os.PathLike) -> tuple[str, str]:
+    """The options and weight files of the model folder ``model_dir``: ``options.json`` and
+    ``weights.hdf5``, else its one ``*options*.json`` and one ``*weights*.hdf5``."""
+    model_dir = os.fspath(model_dir)
+    return (_find_file(model_dir, OPTIONS_FILE, "options", ".json"),
+            _find_file(model_dir, WEIGHTS_FILE, "weights", ".hdf5"))
+
+
+def _find_file(model_dir: str, preferred_name: str, keyword: str, suffix: str) -> str:
+    preferred = os.path.join(model_dir, preferred_name)
+    if os.path.exists(preferred):
+        return preferred
+    candidates = sorted(f for f in os.listdir(model_dir) if f.endswith(suffix) and keyword in f)
+    if len(candidates) == 1:
+        return os.path.join(model_dir, candidates[0])
+    if not candidates:
+        raise FileNotFoundError(
+            f"{model_dir} has no {preferred_name} (nor another *{keyword}*{suffix} file); "
+            f"a model folder holds {OPTIONS_FILE} and {WEIGHTS_FILE} (`elmo-jax export WORKDIR DIR` "
+            f"writes one from a training run; a run's workdir itself also works once it has a checkpoint)"
+        )
+    raise FileNotFoundError(
+        f"{model_dir} has several {keyword} files ({', '.join(candidates)}) and no "
+        f"{preferred_name}; pass {'options_file' if keyword == 'options' else 'weight_file'}= explicitly"
+    )

@@ -386,13 +386,12 @@ def _fingerprint(folder: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def cached_conversion(folder: str | os.PathLike, models_dir: str | os.PathLike | None = None) -> Path:
-    """The converted copy of the ELMoForManyLangs ``folder`` in the model cache, converting it
-    on first use (and again after any of its files changed); complete or absent."""
-    from elmo_jax import hub
-
+def cached_conversion(folder: str | os.PathLike, models_dir: str | os.PathLike) -> Path:
+    """The converted copy of the ELMoForManyLangs ``folder`` in ``models_dir`` (the resolver
+    passes the model cache), converting it on first use (and again after any of its files
+    changed); complete or absent."""
     folder = Path(folder)
-    models_dir = Path(models_dir) if models_dir is not None else hub.cache_home() / "models"
+    models_dir = Path(models_dir)
     entry = models_dir / f"manylangs-{folder.resolve().name[:32]}-{_fingerprint(folder)}"
     if (entry / "options.json").is_file():
         return entry

@@ -1,7 +1,7 @@
 """A training workdir used as a model: its newest checkpoint, exported once into the cache.
 
 ``Elmo.load("runs/tiny")``, ``elmo-jax embed ... --model runs/tiny``, ``ElmoLayer("runs/tiny")``
-and the examples' model argument all reach :func:`elmo_jax.hub.resolve_model`, which hands a
+and the examples' model argument all reach :func:`elmo_jax.resolve.resolve_model`, which hands a
 folder that :func:`is_training_workdir` recognises to :func:`workdir_model`.  That exports
 the run's newest checkpoint with :func:`elmo_jax.formats.training_run.export` (the same files as
 ``elmo-jax export``) into::
@@ -25,7 +25,7 @@ from typing import Callable
 
 from elmo_jax.errors import ElmoError
 
-RUNS_FOLDER = "runs"  # under the hub's cache home
+RUNS_FOLDER = "runs"  # under the cache root the resolver passes
 
 
 def is_training_workdir(path: str | os.PathLike) -> bool:
@@ -42,7 +42,7 @@ def workdir_model(workdir: str | os.PathLike, cache_root: str | os.PathLike, *,
 
     Raises :class:`ElmoError` for a workdir without a checkpoint, and what
     :func:`elmo_jax.formats.training_run.export` raises for a damaged one (naming ``--step``)."""
-    from elmo_jax.embedder import OPTIONS_FILE, WEIGHTS_FILE
+    from elmo_jax.formats.hdf5 import OPTIONS_FILE, WEIGHTS_FILE
     from elmo_jax.train.checkpoints import Checkpoints
     from elmo_jax.formats.training_run import export
 

@@ -28,7 +28,7 @@ import numpy as np
 from elmo_jax.atomic import owned_temp_dir, process_alive, replace_dir
 from elmo_jax.config import ElmoConfig
 from elmo_jax.data.vocab import Vocabulary
-from elmo_jax.embedder import OPTIONS_FILE, WEIGHTS_FILE
+from elmo_jax.formats.hdf5 import OPTIONS_FILE, WEIGHTS_FILE
 from elmo_jax.errors import ElmoError
 from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError, check_vocabulary_size
 from elmo_jax.train.config_loader import TrainConfig

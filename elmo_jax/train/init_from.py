@@ -8,7 +8,7 @@
 * another run's workdir (``config.json`` + ``checkpoints/``): its latest checkpoint, with its
   softmax and ``vocab.txt``;
 * anything else: a released model's name or a URL, resolved to a folder by
-  :func:`elmo_jax.hub.resolve_model` (downloaded once into the cache).
+  :func:`elmo_jax.resolve.resolve_model` (downloaded once into the cache).
 
 What the new run takes from there:
 
@@ -40,7 +40,7 @@ import numpy as np
 
 from elmo_jax.config import CharCNNConfig, ElmoConfig, LSTMConfig
 from elmo_jax.data.vocab import Vocabulary
-from elmo_jax.hub import resolve_model
+from elmo_jax.resolve import resolve_model
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.workdir import TrainingError
 from elmo_jax.formats.hdf5 import check_finite_weights

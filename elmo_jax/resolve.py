@@ -1,0 +1,87 @@
+"""The one place that knows the order: a model spec (a folder, a released name, a URL, a
+training run's folder) becomes a local folder (:mod:`elmo_jax.hub` downloads and caches),
+then a format (:mod:`elmo_jax.formats`), then the files a model is read from.
+
+    resolve_model("original")                            # a released English model
+    resolve_model("https://host/models/elmo_x_")         # URL prefix: + options.json, + weights.hdf5
+    resolve_model("path/to/folder")                      # an existing folder, returned as it is
+    resolve_model("runs/tiny")                           # a training workdir: its newest checkpoint, exported
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from elmo_jax.errors import ElmoError
+from elmo_jax.formats import hdf5, manylangs
+from elmo_jax.formats.run_exports import is_training_workdir, workdir_model
+from elmo_jax.hub.cache import OFFLINE_ENV, cache_home, fetch_model, offline_from_env
+from elmo_jax.hub.names import (DEFAULT_MODELS_URL, MODELS_URL_ENV, OPTIONS_FILE, RELEASED_MODELS, WEIGHTS_FILE,
+                                is_model_spec, is_url, model_source, suggestion)
+
+
+def resolve_model(spec: str | os.PathLike, *, offline: bool | None = None, progress: bool = True,
+                  force: bool = False) -> Path:
+    """A local folder holding the model ``spec`` names, downloading it on first use.
+
+    ``spec``: an existing folder (returned as it is, unchecked, even where its path is also
+    a model's name), a released model's name (:data:`RELEASED_MODELS`) or an ``http(s)://``
+    URL (see the module docstring).
+    ``offline``: ``None`` reads ``ELMO_JAX_OFFLINE``.  ``progress``: a progress bar per file
+    on stderr.  ``force``: delete the cached entry (and any partial download) and fetch it
+    again, e.g. after a :class:`ChecksumError`.  Raises :class:`OfflineError`,
+    :class:`DownloadError`, :class:`ChecksumError`, or ``FileNotFoundError`` for a path that
+    does not exist.
+    """
+    if not str(spec).strip():  # Path("") would be the current folder
+        raise ValueError(f"no model given: name a model folder, a released model "
+                         f"({', '.join(RELEASED_MODELS)}) or an http(s):// URL")
+    path = None if is_url(spec) else Path(spec)
+    if path is not None and path.is_dir():  # a folder wins over a name: ./small over "small"
+        return local_folder(path)
+    if path is not None and not is_model_spec(spec):
+        if path.exists():
+            raise ElmoError(f"{path} is a file; a model is a folder holding {OPTIONS_FILE} and {WEIGHTS_FILE}")
+        raise FileNotFoundError(
+            f"model folder not found: {path}; a model is a folder, a released model's name "
+            f"({', '.join(RELEASED_MODELS)}) or an http(s):// URL" + suggestion(str(spec))
+        )
+    source = model_source(spec, os.environ.get(MODELS_URL_ENV) or DEFAULT_MODELS_URL)
+    return fetch_model(source, cache_home() / "models",
+                       offline=offline_from_env() if offline is None else offline,
+                       offline_reason=(f"offline mode is on ({OFFLINE_ENV}={os.environ.get(OFFLINE_ENV)})"
+                                       if offline is None else "offline mode is on"),
+                       progress=progress, force=force)
+
+
+def local_folder(path: Path) -> Path:
+    """An existing folder as a model folder: itself, or for a training workdir the export of
+    its newest checkpoint (:mod:`elmo_jax.formats.run_exports`, cached under :func:`cache_home`)."""
+    if is_training_workdir(path):
+        return workdir_model(path, cache_home())
+    return path
+
+
+def model_files(spec: str | os.PathLike, *, progress: bool = True) -> tuple[str, str]:
+    """The options and weight files of the model ``spec`` names, for :meth:`elmo_jax.Elmo.load`:
+    a released name or URL (its cached copy), a training run (its export), an ELMoForManyLangs
+    folder (converted once into the model cache), or a model folder."""
+    model_dir = os.fspath(spec)
+    if (not os.path.exists(model_dir) and is_model_spec(model_dir)) or is_training_workdir(model_dir):
+        # a released model's name or a URL: the cached copy; a run's workdir: its export
+        model_dir = os.fspath(resolve_model(model_dir, progress=progress))
+    if os.path.isfile(model_dir):
+        raise ElmoError(
+            f"{model_dir} is a file; Elmo.load takes the model folder "
+            f"({os.path.dirname(model_dir) or '.'}), or options_file= and weight_file="
+        )
+    if not os.path.isdir(model_dir):
+        raise FileNotFoundError(f"model folder not found: {model_dir}" + suggestion(model_dir))
+    if manylangs.is_manylangs_folder(model_dir) and not os.path.exists(os.path.join(model_dir, OPTIONS_FILE)):
+        # converted once, then read as HDF5
+        model_dir = os.fspath(manylangs.cached_conversion(model_dir, cache_home() / "models"))
+    return hdf5.model_files(model_dir)
+
+
+__all__ = ["model_files", "resolve_model"]
