@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 def __getattr__(name):
     # ``Elmo`` pulls in jax and h5py; keep ``import elmo_jax`` light for the data tools.
     if name == "Elmo":
-        from elmo_jax.embedder import Elmo
+        from elmo_jax.embedding.embedder import Elmo
 
         return Elmo
     if name == "read_embeddings":

@@ -1,4 +1,4 @@
-"""Old module paths that still import: ``import elmo_jax.embedder`` gives the module now at
+"""Old module paths that still import: ``import elmo_jax.embedding.embedder`` gives the module now at
 ``elmo_jax.embedding.embedder`` (the same module object, so attributes set through either name
 are seen through both).
 
@@ -14,6 +14,7 @@ import importlib.util
 import sys
 
 MOVED = {
+    "elmo_jax.embedder": "elmo_jax.embedding.embedder",
     "elmo_jax.manylangs": "elmo_jax.formats.manylangs",
     "elmo_jax.torch_pickle": "elmo_jax.formats.torch_pickle",
     "elmo_jax.train.export": "elmo_jax.formats.training_run",

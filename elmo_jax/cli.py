@@ -18,7 +18,7 @@ from elmo_jax.embed_input import GROUP_LINES, MAX_TOKENS
 
 def _demo(args: argparse.Namespace) -> int:
     """Embed a few sentences with a model (random ``--preset`` or a ``--model`` folder)."""
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
 
     if args.model:
         elmo = Elmo.load(args.model)
@@ -235,7 +235,7 @@ def _embed(args: argparse.Namespace) -> int:
 
 def _embed_run(args: argparse.Namespace) -> int:
     from elmo_jax.embed_file import embed_file
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
     from elmo_jax.embedding.devices import parse_devices
 
     devices = parse_devices(args.devices)

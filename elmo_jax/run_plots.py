@@ -106,7 +106,7 @@ def plot_word_senses(workdir: str, corpus_dir: str, params: dict, model_config, 
                      max_fit: int = 300) -> str:
     """The held-out occurrences of the most frequent ambiguous word, per layer, along a sense
     direction fitted on up to ``max_fit`` of its training occurrences (:func:`elmo_jax.plots.fisher_2d`)."""
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
     from elmo_jax.plots import fisher_2d
 
     word, heldout, rows = _occurrences(corpus_dir, "heldout", None, max_sentences)

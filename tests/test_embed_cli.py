@@ -172,7 +172,7 @@ def test_sigterm_during_a_command_is_one_line_and_143(tmp_path, monkeypatch, cap
         signal.raise_signal(signal.SIGTERM)
         raise AssertionError("SIGTERM did not stop the command")
 
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
 
     monkeypatch.setattr(Elmo, "random", staticmethod(load))
     before = signal.getsignal(signal.SIGTERM)

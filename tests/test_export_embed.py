@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from elmo_jax import Elmo, batch_to_ids
-from elmo_jax.embedder import row_bucket, time_bucket
+from elmo_jax.embedding.embedder import row_bucket, time_bucket
 from elmo_jax.model.bilm import bilm
 from elmo_jax.formats.hdf5 import WeightFileError
 from tests.conftest import assert_close_across_programs

@@ -165,7 +165,7 @@ def _from_workdir(folder: str) -> Pretrained:
 
 
 def _from_model_folder(folder: str) -> Pretrained:
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
 
     elmo = Elmo.load(folder)
     if elmo.config.vocab is not None:

@@ -48,7 +48,7 @@ def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, ev
     """
     from elmo_jax.data.synthetic import NO_SENSE, load_corpus
     from elmo_jax.data.vocab import SPECIALS
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
     from elmo_jax.probes import format_probe_table, probe_table
 
     with open(os.path.join(corpus_dir, "stats.json"), encoding="utf-8") as f:

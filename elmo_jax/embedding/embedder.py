@@ -106,7 +106,7 @@ class Elmo:
     ``embed(..., stateful=True)`` the state is carried from call to call (row ``i`` of a
     batch continues row ``i`` of the previous one), the originals' behaviour;
     :meth:`reset_state` forgets it.  ``devices``: ``None`` (every local device), a count
-    (the first ``n``) or a list of devices; see "Devices" in :mod:`elmo_jax.embedder`.
+    (the first ``n``) or a list of devices; see "Devices" in :mod:`elmo_jax.embedding.embedder`.
     """
 
     def __init__(self, config: ElmoConfig, params: dict, batch_size: int = 64, dtype: str = "float32",
