@@ -212,7 +212,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _embed(args: argparse.Namespace) -> int:
-    """Embed a text file (one sentence per line) into HDF5, streaming and resumable (elmo_jax.embed_file)."""
+    """Embed a text file (one sentence per line) into HDF5, streaming and resumable (elmo_jax.embedding.embed_file)."""
     if args.model and args.preset:
         raise ValueError("give --model DIR or --preset NAME, not both")
     if not args.model and not args.preset:
@@ -234,7 +234,7 @@ def _embed(args: argparse.Namespace) -> int:
 
 
 def _embed_run(args: argparse.Namespace) -> int:
-    from elmo_jax.embed_file import embed_file
+    from elmo_jax.embedding.embed_file import embed_file
     from elmo_jax.embedding.embedder import Elmo
     from elmo_jax.embedding.devices import parse_devices
 

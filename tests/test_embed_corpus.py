@@ -24,7 +24,7 @@ import pytest
 
 from elmo_jax import Elmo, embed_layouts, read_embeddings
 from elmo_jax.cli import main
-from elmo_jax.embed_file import EmbedStopped, embed_file
+from elmo_jax.embedding.embed_file import EmbedStopped, embed_file
 from tests.conftest import device_env, unmount
 
 REPO = Path(__file__).resolve().parents[1]

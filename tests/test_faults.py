@@ -17,7 +17,7 @@ import pytest
 from elmo_jax import Elmo
 from elmo_jax.cli import main
 from elmo_jax.config import ElmoConfig
-from elmo_jax.embed_file import embed_file
+from elmo_jax.embedding.embed_file import embed_file
 from elmo_jax.errors import ElmoError
 from elmo_jax.formats.hdf5 import WeightFileError, datasets_to_params, expected_shapes
 
