@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 from elmo_jax.config import COMPUTE_DTYPES
 from elmo_jax.errors import USER_ERRORS, ElmoError
-from elmo_jax.embed_input import GROUP_LINES, MAX_TOKENS
+from elmo_jax.embedding.embed_input import GROUP_LINES, MAX_TOKENS
 
 
 def _demo(args: argparse.Namespace) -> int:
