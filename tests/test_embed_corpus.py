@@ -22,7 +22,9 @@ import jax
 import numpy as np
 import pytest
 
-from elmo_jax import Elmo, embed_layouts, read_embeddings
+from elmo_jax import Elmo, read_embeddings
+
+from elmo_jax.embedding import embed_layouts
 from elmo_jax.cli import main
 from elmo_jax.embedding.embed_file import EmbedStopped, embed_file
 from tests.conftest import device_env, unmount
@@ -229,7 +231,8 @@ def _env(devices: int = 1) -> dict:
 # at that exact point: mid-group (half of a group written) or after a flush, before the progress.
 _CLI = textwrap.dedent("""
     import os, signal, sys
-    from elmo_jax import embed_layouts, embed_state
+    from elmo_jax import embed_state
+    from elmo_jax.embedding import embed_layouts
     where, at = sys.argv[1], int(sys.argv[2])
     if where == "mid_group":
         original, calls = embed_layouts.append, []

@@ -1,7 +1,7 @@
 """Embed a text file into HDF5, streaming and resumable: the ``elmo-jax embed`` command.
 
 Input: one sentence per line (:mod:`elmo_jax.embedding.embed_input`; an empty line is an empty
-sentence, ``[L+1, 0, 2P]``).  Output: one of the layouts of :mod:`elmo_jax.embed_layouts`
+sentence, ``[L+1, 0, 2P]``).  Output: one of the layouts of :mod:`elmo_jax.embedding.embed_layouts`
 (``allennlp`` by default, ``packed``, ``sentence_vectors``), read back by
 :func:`elmo_jax.read_embeddings`.
 
@@ -39,7 +39,8 @@ import time
 
 from elmo_jax.atomic import OutputIsInputError, new_mode, refuse_output_over_inputs, replace_dir, write_json
 from elmo_jax.embedding.embed_input import GROUP_LINES, MAX_TOKENS, InputScan, read_group, read_sentences, scan_input
-from elmo_jax import embed_layouts, embed_state
+from elmo_jax import embed_state
+from elmo_jax.embedding import embed_layouts
 from elmo_jax.errors import ElmoError
 
 FILE_LAYERS = ("all", "top", "average")
