@@ -95,7 +95,7 @@ def rss(args) -> list[dict]:
 def layouts(args) -> list[dict]:
     from elmo_jax import read_embeddings
     from elmo_jax.embedding import embed_layouts
-    from elmo_jax.embed_state import fsync_path
+    from elmo_jax.embedding.embed_state import fsync_path
 
     rng = np.random.default_rng(0)
     n, group, dim = args.sentences, 2048, 64

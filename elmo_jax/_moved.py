@@ -17,6 +17,7 @@ MOVED = {
     "elmo_jax.embed_file": "elmo_jax.embedding.embed_file",
     "elmo_jax.embed_input": "elmo_jax.embedding.embed_input",
     "elmo_jax.embed_layouts": "elmo_jax.embedding.embed_layouts",
+    "elmo_jax.embed_state": "elmo_jax.embedding.embed_state",
     "elmo_jax.embedder": "elmo_jax.embedding.embedder",
     "elmo_jax.manylangs": "elmo_jax.formats.manylangs",
     "elmo_jax.torch_pickle": "elmo_jax.formats.torch_pickle",

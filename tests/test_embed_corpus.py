@@ -231,7 +231,7 @@ def _env(devices: int = 1) -> dict:
 # at that exact point: mid-group (half of a group written) or after a flush, before the progress.
 _CLI = textwrap.dedent("""
     import os, signal, sys
-    from elmo_jax import embed_state
+    from elmo_jax.embedding import embed_state
     from elmo_jax.embedding import embed_layouts
     where, at = sys.argv[1], int(sys.argv[2])
     if where == "mid_group":

@@ -11,7 +11,7 @@ then embedded one group of ``group_lines`` lines at a time with ``Elmo.embed``: 
 a group, not the input.  Groups are a function of line numbers only.
 
 Resuming: the partial output lives in ``OUTPUT.partial/`` (``data.hdf5`` + ``progress.json``,
-:mod:`elmo_jax.embed_state`).  After each group the data is flushed and fsynced, then the
+:mod:`elmo_jax.embedding.embed_state`).  After each group the data is flushed and fsynced, then the
 progress is written atomically.  Run the same command after a kill -9, a SIGTERM (which stops
 at the next group's end), Ctrl-C or a full disk and it continues from the first line not
 counted, cutting off what was written after the last checkpoint (each group's disk space is
@@ -39,7 +39,7 @@ import time
 
 from elmo_jax.atomic import OutputIsInputError, new_mode, refuse_output_over_inputs, replace_dir, write_json
 from elmo_jax.embedding.embed_input import GROUP_LINES, MAX_TOKENS, InputScan, read_group, read_sentences, scan_input
-from elmo_jax import embed_state
+from elmo_jax.embedding import embed_state
 from elmo_jax.embedding import embed_layouts
 from elmo_jax.errors import ElmoError
 
