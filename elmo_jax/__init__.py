@@ -23,7 +23,7 @@ def __getattr__(name):
 
         return Elmo
     if name == "read_embeddings":
-        from elmo_jax.embeddings_reader import read_embeddings
+        from elmo_jax.embedding.embeddings_reader import read_embeddings
 
         return read_embeddings
     raise AttributeError(f"module 'elmo_jax' has no attribute {name!r}")

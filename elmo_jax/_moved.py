@@ -19,6 +19,7 @@ MOVED = {
     "elmo_jax.embed_layouts": "elmo_jax.embedding.embed_layouts",
     "elmo_jax.embed_state": "elmo_jax.embedding.embed_state",
     "elmo_jax.embedder": "elmo_jax.embedding.embedder",
+    "elmo_jax.embeddings_reader": "elmo_jax.embedding.embeddings_reader",
     "elmo_jax.manylangs": "elmo_jax.formats.manylangs",
     "elmo_jax.torch_pickle": "elmo_jax.formats.torch_pickle",
     "elmo_jax.train.export": "elmo_jax.formats.training_run",
