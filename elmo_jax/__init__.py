@@ -8,22 +8,19 @@ projected-LSTM language model, weight files in the released models' HDF5 layout,
 from elmo_jax import _moved
 from elmo_jax.chars import TokenTruncatedWarning, batch_to_ids
 from elmo_jax.config import ConfigError, ElmoConfig, count_params
+from elmo_jax.version import __version__ as __version__
 
 _moved.install()
 
 __all__ = ["ConfigError", "Elmo", "ElmoConfig", "TokenTruncatedWarning", "batch_to_ids", "count_params",
            "read_embeddings"]
-__version__ = "0.1.0"
 
 
 def __getattr__(name):
-    # ``Elmo`` pulls in jax and h5py; keep ``import elmo_jax`` light for the data tools.
-    if name == "Elmo":
-        from elmo_jax.embedding.embedder import Elmo
+    # ``Elmo`` pulls in jax and h5py; keep ``import elmo_jax`` light for the data tools.  The
+    # package's one import that runs up a layer.
+    if name in ("Elmo", "read_embeddings"):
+        from elmo_jax import embedding
 
-        return Elmo
-    if name == "read_embeddings":
-        from elmo_jax.embedding.embeddings_reader import read_embeddings
-
-        return read_embeddings
+        return getattr(embedding, name)
     raise AttributeError(f"module 'elmo_jax' has no attribute {name!r}")

@@ -21,29 +21,36 @@ from pathlib import Path
 
 PACKAGE = "elmo_jax"
 LAYERS = (
-    ("core", ("elmo_jax", "elmo_jax._moved", "elmo_jax.errors", "elmo_jax.atomic", "elmo_jax.textio",
+    ("core", ("elmo_jax", "elmo_jax._moved", "elmo_jax.version", "elmo_jax.errors", "elmo_jax.atomic", "elmo_jax.textio",
               "elmo_jax.storage_echoes", "elmo_jax.chars", "elmo_jax.config", "elmo_jax.lookahead",
               "elmo_jax.plots", "elmo_jax.embedding.devices", "elmo_jax.train.distributed")),
     ("model", ("elmo_jax.model",)),
     ("data", ("elmo_jax.data",)),
     ("train engine", ("elmo_jax.train",)),
-    ("formats", ("elmo_jax.formats", "elmo_jax.weights", "elmo_jax.torch_pickle", "elmo_jax.manylangs",
-                 "elmo_jax.workdir_model")),
+    # the modules' old paths (before the reshape) first, then the new ones
+    ("formats", ("elmo_jax.weights", "elmo_jax.torch_pickle", "elmo_jax.manylangs", "elmo_jax.workdir_model",
+                 "elmo_jax.train.export", "elmo_jax.formats")),
     ("hub", ("elmo_jax.hub",)),
-    ("resolver", ("elmo_jax.resolve",)),
-    ("embedding", ("elmo_jax.embedding", "elmo_jax.embedder", "elmo_jax.embed_file", "elmo_jax.embed_input",
-                   "elmo_jax.embed_layouts", "elmo_jax.embed_state", "elmo_jax.embeddings_reader")),
+    # elmo_jax.hub itself (its __init__) keeps the old module's names, resolve_model among them
+    ("resolver", ("elmo_jax.resolve", "elmo_jax.hub.__init__")),
+    ("embedding", ("elmo_jax.embedder", "elmo_jax.embed_file", "elmo_jax.embed_input", "elmo_jax.embed_layouts",
+                   "elmo_jax.embed_state", "elmo_jax.embeddings_reader", "elmo_jax.embedding")),
     ("train app", ("elmo_jax.train.loop", "elmo_jax.train.init_from", "elmo_jax.train.report",
                    "elmo_jax.probes")),
     ("entry points", ("elmo_jax.cli", "elmo_jax.nnx", "elmo_jax.finetune", "elmo_jax.run_plots")),
 )
 
 
+_PACKAGES: set[str] = set()  # modules that are a package's __init__
+
+
 def layer_of(module: str) -> int:
     best, level = -1, None
+    name = module + ".__init__" if module in _PACKAGES else module
     for i, (_, prefixes) in enumerate(LAYERS):
         for p in prefixes:
-            if (module == p or module.startswith(p + ".")) and len(p) > best:
+            if (name == p or (module.startswith(p + ".") or module == p) and not p.endswith(".__init__")) \
+                    and len(p) > best:
                 best, level = len(p), i
     if level is None:
         raise SystemExit(f"{module}: in no layer; add it to LAYERS")
@@ -56,6 +63,7 @@ def modules(root: Path) -> dict[str, Path]:
         parts = list(path.relative_to(root).with_suffix("").parts)
         if parts[-1] == "__init__":
             parts.pop()
+            _PACKAGES.add(".".join(parts))
         out[".".join(parts)] = path
     return out
 

@@ -39,8 +39,7 @@ import time
 
 from elmo_jax.atomic import OutputIsInputError, new_mode, refuse_output_over_inputs, replace_dir, write_json
 from elmo_jax.embedding.embed_input import GROUP_LINES, MAX_TOKENS, InputScan, read_group, read_sentences, scan_input
-from elmo_jax.embedding import embed_state
-from elmo_jax.embedding import embed_layouts
+from elmo_jax.embedding import embed_layouts, embed_state
 from elmo_jax.errors import ElmoError
 
 FILE_LAYERS = ("all", "top", "average")

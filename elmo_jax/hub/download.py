@@ -18,7 +18,7 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 
-from elmo_jax import __version__
+from elmo_jax.version import __version__
 from elmo_jax.atomic import write_json
 from elmo_jax.hub.errors import DownloadError
 

@@ -322,9 +322,7 @@ def _model_hints() -> dict:
 
 
 def _repo_root() -> Path:
-    import elmo_jax
-
-    return Path(elmo_jax.__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[2]  # elmo_jax/train/config_loader.py
 
 
 def resolve_config_path(path: str | os.PathLike) -> Path:
