@@ -312,7 +312,7 @@ def count_params(config: ElmoConfig) -> int:
     n += c.n_highway * 2 * (f * f + f)
     if config.has_char_projection:
         n += config.projection_input_dim * l.projection_dim + l.projection_dim
-    for layer in range(l.n_layers):
+    for _ in range(l.n_layers):
         n_in = l.projection_dim
         per_direction = (n_in + l.projection_dim) * 4 * l.dim + 4 * l.dim + l.dim * l.projection_dim
         n += 2 * per_direction

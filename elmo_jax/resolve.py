@@ -47,7 +47,7 @@ def resolve_model(spec: str | os.PathLike, *, offline: bool | None = None, progr
             f"model folder not found: {path}; a model is a folder, a released model's name "
             f"({', '.join(RELEASED_MODELS)}) or an http(s):// URL" + suggestion(str(spec))
         )
-    source = model_source(spec, os.environ.get(MODELS_URL_ENV) or DEFAULT_MODELS_URL)
+    source = model_source(str(spec), os.environ.get(MODELS_URL_ENV) or DEFAULT_MODELS_URL)
     return fetch_model(source, cache_home() / "models",
                        offline=offline_from_env() if offline is None else offline,
                        offline_reason=(f"offline mode is on ({OFFLINE_ENV}={os.environ.get(OFFLINE_ENV)})"

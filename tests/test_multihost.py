@@ -91,7 +91,7 @@ def _run_job(workdir: Path, config_args: list[str], timeout: float = 240) -> Non
     workdir.mkdir(parents=True, exist_ok=True)
     procs = _start_job(workdir, config_args)
     try:
-        for i, p in enumerate(procs):
+        for p in procs:
             p.wait(timeout=timeout)
     finally:
         for p in procs:

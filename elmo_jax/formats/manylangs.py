@@ -346,7 +346,7 @@ def params_from_state_dicts(config: ElmoConfig, token_sd: dict, encoder_sd: dict
             b = enc(f"{pre}.state_linearity.bias", (4 * h,))
             w_p = enc(f"{pre}.state_projection.weight", (p, h))
             i, fg, j, o = (slice(k * h, (k + 1) * h) for k in range(4))
-            order = lambda a: np.concatenate([a[i], a[j], a[fg], a[o]])  # noqa: E731 - i f j o -> i j f o
+            order = lambda a: np.concatenate([a[i], a[j], a[fg], a[o]])  # noqa: E731, B023 - i f j o -> i j f o; used in this pass only
             bias = order(b)
             bias[2 * h : 3 * h] -= 1.0  # the forget bias 1.0 is added at run time here
             per_direction.append({"w_x": order(w_x).T, "w_h": order(w_h).T, "b": bias, "w_p": w_p.T})

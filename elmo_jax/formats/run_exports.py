@@ -58,6 +58,7 @@ def workdir_model(workdir: str | os.PathLike, cache_root: str | os.PathLike, *,
     if step is None:
         raise ElmoError(f"{workdir} is a training workdir without a checkpoint yet: train it first "
                         f"(`elmo-jax train --workdir {workdir}`), or give a model folder")
+    assert checkpoint is not None
     stamp = os.stat(checkpoint).st_mtime_ns
     run_key = f"{os.path.basename(real) or 'run'}-{hashlib.sha256(real.encode()).hexdigest()[:12]}"
     runs = Path(cache_root) / RUNS_FOLDER / run_key

@@ -19,6 +19,7 @@ from elmo_jax.hub.names import ARCHIVE_SUFFIXES, OPTIONS_FILE, WEIGHTS_FILE, Mod
 
 def fetch_archive(source: ModelSource, staging: Path, model: Path, partial: Path, net: dict) -> None:
     url = source.archive_url
+    assert url is not None, "fetch_archive is for a source with an archive_url"
     suffix = next(x for x in ARCHIVE_SUFFIXES if urllib.parse.urlsplit(url).path.lower().endswith(x))
     try:
         archive = download(url, partial / f"archive{suffix}", first=True, **net)

@@ -12,7 +12,7 @@ from pathlib import Path
 try:
     import fcntl
 except ImportError:  # Windows: no flock; concurrent downloads of one model are then not serialised
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]
 
 
 @contextlib.contextmanager

@@ -9,6 +9,7 @@ import datetime
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 from elmo_jax.atomic import file_sha256, write_json
 from elmo_jax.config import ElmoConfig
@@ -117,7 +118,8 @@ def verify_entry(entry: str | os.PathLike, spec: str | None = None) -> dict:
 def check_model(model: Path, source: ModelSource) -> None:
     """The weights checked against the options, as Elmo.load will read them; an error names
     the URL instead of the temporary file."""
-    urls = dict(source.file_urls) or {OPTIONS_FILE: source.archive_url, WEIGHTS_FILE: source.archive_url}
+    archive = source.archive_url or ""
+    urls = dict(source.file_urls) or {OPTIONS_FILE: archive, WEIGHTS_FILE: archive}
     try:
         config = ElmoConfig.from_json_file(model / OPTIONS_FILE)
         load_weights(model / WEIGHTS_FILE, config)
@@ -135,7 +137,7 @@ def check_model(model: Path, source: ModelSource) -> None:
 
 def write_manifest(model: Path, source: ModelSource, downloaded: bool) -> None:
     files = sorted(p.name for p in model.iterdir() if p.is_file() and p.name != MANIFEST_FILE)
-    manifest = {
+    manifest: dict[str, Any] = {
         "spec": source.spec,
         "urls": dict(source.file_urls) if source.file_urls else {"archive": source.archive_url},
         "origin": "downloaded" if downloaded else "placed in the cache by hand",
