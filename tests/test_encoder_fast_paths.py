@@ -1,4 +1,4 @@
-"""Speed rearrangements of the encoder leave its numbers alone (issue 7).
+"""Speed rearrangements of the encoder leave its numbers alone.
 
 On the CPU the char CNN runs in chunks of ``CNN_CHUNK_TOKENS`` tokens (a loop, with the
 hand-written convolution gradient) after sorting the tokens by length; the convolutions

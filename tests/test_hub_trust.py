@@ -1,4 +1,5 @@
-"""elmo_jax.hub, issue #36 part 2 (and #38's hub points): each point tested against the HTTP
+"""elmo_jax.hub's trust: pinned digests, released architectures, resumed and forced downloads,
+files placed by hand; each point tested against the HTTP
 server of tests/test_hub.py on 127.0.0.1 (never the internet)."""
 
 import io
