@@ -1,6 +1,6 @@
 """The one place that knows the order: a model spec (a folder, a released name, a URL, a
 training run's folder) becomes a local folder (:mod:`elmo_jax.hub` downloads and caches),
-then a format (:mod:`elmo_jax.formats`), then the files a model is read from.
+then a model read from it (:mod:`elmo_jax.formats.folder`, which knows the formats).
 
     resolve_model("original")                            # a released English model
     resolve_model("https://host/models/elmo_x_")         # URL prefix: + options.json, + weights.hdf5
@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from elmo_jax.errors import ElmoError
-from elmo_jax.formats import hdf5, manylangs
+from elmo_jax.formats.folder import ModelValues, read_folder
 from elmo_jax.formats.run_exports import is_training_workdir, workdir_model
 from elmo_jax.hub.cache import OFFLINE_ENV, cache_home, fetch_model, offline_from_env
 from elmo_jax.hub.names import (DEFAULT_MODELS_URL, MODELS_URL_ENV, OPTIONS_FILE, RELEASED_MODELS, WEIGHTS_FILE,
@@ -63,14 +63,14 @@ def local_folder(path: Path) -> Path:
     return path
 
 
-def model_files(spec: str | os.PathLike, *, progress: bool = True) -> tuple[str, str]:
-    """The options and weight files of the model ``spec`` names, for :meth:`elmo_jax.Elmo.load`:
-    a released name or URL (its cached copy), a training run (its export), an ELMoForManyLangs
-    folder (converted once into the model cache), or a model folder."""
+def read_model(spec: str | os.PathLike, *, progress: bool = True) -> ModelValues:
+    """The model ``spec`` names, read, for :meth:`elmo_jax.Elmo.load`: a released name or URL
+    becomes its cached copy (the hub), an existing folder stays itself; the folder, whatever its
+    format, is then read by :func:`elmo_jax.formats.folder.read_folder` (a training run exported
+    and an ELMoForManyLangs folder converted once, into the cache)."""
     model_dir = os.fspath(spec)
-    if (not os.path.exists(model_dir) and is_model_spec(model_dir)) or is_training_workdir(model_dir):
-        # a released model's name or a URL: the cached copy; a run's workdir: its export
-        model_dir = os.fspath(resolve_model(model_dir, progress=progress))
+    if not os.path.exists(model_dir) and is_model_spec(model_dir):
+        model_dir = os.fspath(resolve_model(model_dir, progress=progress))  # a name or URL: the cached copy
     if os.path.isfile(model_dir):
         raise ElmoError(
             f"{model_dir} is a file; Elmo.load takes the model folder "
@@ -78,10 +78,7 @@ def model_files(spec: str | os.PathLike, *, progress: bool = True) -> tuple[str,
         )
     if not os.path.isdir(model_dir):
         raise FileNotFoundError(f"model folder not found: {model_dir}" + suggestion(model_dir))
-    if manylangs.is_manylangs_folder(model_dir) and not os.path.exists(os.path.join(model_dir, OPTIONS_FILE)):
-        # converted once, then read as HDF5
-        model_dir = os.fspath(manylangs.cached_conversion(model_dir, cache_home() / "models"))
-    return hdf5.model_files(model_dir)
+    return read_folder(model_dir, cache_home())
 
 
-__all__ = ["model_files", "resolve_model"]
+__all__ = ["read_model", "resolve_model"]

@@ -91,7 +91,8 @@ from elmo_jax.embedding.token_cache import (ANY_PRECISION, TokenCache, check_voc
 from elmo_jax.errors import ElmoError
 from elmo_jax.model.bilm import init_params
 from elmo_jax.model.precision import compute_dtype
-from elmo_jax.formats.hdf5 import OPTIONS_FILE, WEIGHTS_FILE, load_weights, save_weights
+from elmo_jax.formats.folder import read_files
+from elmo_jax.formats.hdf5 import OPTIONS_FILE, WEIGHTS_FILE, save_weights
 
 # Above this many sentences, ``embed(progress=None)`` shows a progress bar.
 PROGRESS_THRESHOLD = 1000
@@ -211,25 +212,16 @@ class Elmo:
         if model_dir is not None:
             if options_file is not None or weight_file is not None:
                 raise ValueError("give either model_dir or options_file + weight_file, not both")
-            from elmo_jax.resolve import model_files
+            from elmo_jax.resolve import read_model
 
-            options_file, weight_file = model_files(model_dir, progress=progress)
+            model = read_model(model_dir, progress=progress)
         elif options_file is None or weight_file is None:
             raise ValueError("Elmo.load needs model_dir, or both options_file and weight_file")
-        if not os.path.exists(options_file):
-            raise FileNotFoundError(f"options file not found: {options_file}")
-        config = ElmoConfig.from_json_file(options_file)
-        token_ids = None
-        if config.vocab is not None:  # a converted ELMoForManyLangs model: its .dic files lie beside
-            from elmo_jax.formats import manylangs
-
-            folder = os.path.dirname(os.path.abspath(options_file))
-            manylangs.check_vocab_files(folder, config)
-            token_ids = manylangs.VocabIds.from_folder(folder, config)
-        elmo = cls(config, load_weights(weight_file, config), batch_size=batch_size, dtype=dtype,
-                   token_ids=token_ids, devices=devices)
-        elmo.source_files = {"model's options file": os.path.abspath(options_file),
-                             "model's weight file": os.path.abspath(weight_file)}
+        else:
+            model = read_files(options_file, weight_file)
+        elmo = cls(model.config, model.params, batch_size=batch_size, dtype=dtype, token_ids=model.token_ids,
+                   devices=devices)
+        elmo.source_files = {"model's options file": model.options_file, "model's weight file": model.weight_file}
         return elmo
 
     @classmethod
