@@ -1,5 +1,7 @@
 """``Elmo``: load a model, embed sentences, save it — the notebook entry point.
 
+(About 500 lines: the facade over :mod:`elmo_jax.embedding`'s pieces, and its docstrings.)
+
     elmo = Elmo.load("path/to/model")            # options.json + weights.hdf5
     vectors = elmo.embed(["She went to the bank .", ["tokens", "as", "a", "list"]])
     vectors[0].shape                             # (L+1, n_tokens, 2P)

@@ -1,5 +1,7 @@
 """Training configs as Python files, with ``--config.KEY=VALUE`` command-line overrides.
 
+(Over 500 lines: a third is :class:`TrainConfig`'s fields, each with its documentation.)
+
 A config file (``configs/tiny.py`` and friends) defines ``get_config()`` returning a
 :class:`TrainConfig` (or a dict of its fields)::
 
