@@ -424,7 +424,7 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--no-progress", action="store_true", help="no progress bar")
     dl.set_defaults(func=_download)
 
-    from elmo_jax.data.synthetic import add_corpus_command
+    from elmo_jax.data.synthetic_corpus import add_corpus_command
 
     add_corpus_command(sub)
     return parser

@@ -45,7 +45,7 @@ def read_metrics(workdir: str | os.PathLike) -> dict[str, dict[int, dict]]:
 
 def corpus_references(corpus_dir: str, vocab_tokens) -> dict[str, float]:
     """The embedded corpus's reference perplexities for a model with ``vocab_tokens``."""
-    from elmo_jax.data.synthetic import load_corpus
+    from elmo_jax.data.synthetic_corpus import load_corpus
     from elmo_jax.data.vocab import SPECIALS
     from elmo_jax.train.report import heldout_optimum
 
@@ -79,7 +79,8 @@ def _occurrences(corpus_dir: str, split: str, word: str | None, max_sentences: i
     """``(word, sentences, rows)``: the ambiguous ``word`` (None: the most frequent one of the
     first ``max_sentences`` of ``split``) and its labelled occurrences ``(sentence, position,
     sense)`` there."""
-    from elmo_jax.data.synthetic import NO_SENSE, load_corpus
+    from elmo_jax.data.synthetic import NO_SENSE
+    from elmo_jax.data.synthetic_corpus import load_corpus
 
     sentences, labels = load_corpus(corpus_dir, split)
     sentences, labels = sentences[:max_sentences], labels[:max_sentences]

@@ -37,7 +37,7 @@ import jax
 import numpy as np
 import optax
 
-from elmo_jax.data.synthetic import load_corpus, write_corpus
+from elmo_jax.data.synthetic_corpus import load_corpus, write_corpus
 from elmo_jax.embedding.embedder import Elmo
 from elmo_jax.errors import USER_ERRORS
 from elmo_jax.finetune import accuracy, init_tagger, pad_labels, pad_layers, train_tagger

@@ -604,7 +604,7 @@ def test_embed_output_follows_the_umask(tmp_path, elmo, umask, mask):
 
 def test_corpus_folder_follows_the_umask(tmp_path, umask):
     """`elmo-jax corpus DIR` makes DIR readable as the umask allows (0755 under 022), not 0700."""
-    from elmo_jax.data.synthetic import write_corpus
+    from elmo_jax.data.synthetic_corpus import write_corpus
 
     umask(0o022)
     write_corpus(tmp_path / "corpus", n_train=10, n_heldout=5)
