@@ -1,7 +1,10 @@
 """The on-disk formats of a model, one module each; each reads a local folder into values
 (config, params, vocabulary) and, where it makes sense, writes one.  Nothing here downloads
-or knows the cache: :mod:`elmo_jax.hub` fetches, :mod:`elmo_jax.resolve` decides which format
-a folder is in.
+or imports the hub: :mod:`elmo_jax.hub` fetches, :mod:`elmo_jax.resolve` turns a spec into a
+local folder and passes the cache folder in where a format keeps a conversion.
+
+* :mod:`~elmo_jax.formats.folder`: which format a folder is in, read into the model's values
+  (the one call the resolver makes);
 
 * :mod:`~elmo_jax.formats.hdf5`: bilm-tf's / AllenNLP's ``options.json`` + ``weights.hdf5``;
 * :mod:`~elmo_jax.formats.manylangs`: HIT-SCIR's ELMoForManyLangs (``.dic`` files and torch
