@@ -5,7 +5,6 @@ local folder and passes the cache folder in where a format keeps a conversion.
 
 * :mod:`~elmo_jax.formats.folder`: which format a folder is in, read into the model's values
   (the one call the resolver makes);
-
 * :mod:`~elmo_jax.formats.hdf5`: bilm-tf's / AllenNLP's ``options.json`` + ``weights.hdf5``;
 * :mod:`~elmo_jax.formats.manylangs`: HIT-SCIR's ELMoForManyLangs (``.dic`` files and torch
   pickles, read by :mod:`~elmo_jax.formats.torch_pickle` without torch);
