@@ -2,7 +2,8 @@
 one, and the files ``Elmo.load``'s first argument passes through.
 
     python tools/import_graph.py            # static graph (ast: every import, function-level too)
-    python tools/import_graph.py --trace    # also follow Elmo.load(<folder>) through the calls
+    python tools/import_graph.py --trace FOLDER ...   # also follow Elmo.load(FOLDER) through the calls
+    python tools/import_graph.py --check    # exit 1 on a circle or more than one upward import (CI)
 
 Layers, lowest first (a module's layer is that of the longest prefix listed in LAYERS):
 core utilities < model < data < training engine < formats < hub < resolver < embedding <
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 
 PACKAGE = "elmo_jax"
+MAX_UPWARD = 1  # elmo_jax's lazy Elmo / read_embeddings
 LAYERS = (
     ("core", ("elmo_jax", "elmo_jax._moved", "elmo_jax.version", "elmo_jax.errors", "elmo_jax.atomic", "elmo_jax.textio",
               "elmo_jax.storage_echoes", "elmo_jax.chars", "elmo_jax.config", "elmo_jax.lookahead",
@@ -214,6 +216,8 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default=str(Path(__file__).resolve().parents[1]))
     ap.add_argument("--trace", nargs="*", metavar="MODEL", help="folders to load with Elmo.load and follow")
+    ap.add_argument("--check", action="store_true",
+                    help="exit 1 if the graph has a circle or more than MAX_UPWARD imports that run up a layer")
     args = ap.parse_args(argv)
     root = Path(args.root)
     edges = graph(root)
@@ -231,6 +235,9 @@ def main(argv=None) -> None:
     for m, t, line, lazy in ups:
         print(f"  {m}:{line} -> {t} ({LAYERS[layer_of(m)][0]} -> {LAYERS[layer_of(t)][0]}"
               f"{', in a function' if lazy else ''})")
+    if args.check and (cs or len(ups) > MAX_UPWARD):
+        raise SystemExit(f"import graph: {len(cs)} circle(s), {len(ups)} upward import(s) (at most {MAX_UPWARD}); "
+                         f"import from a lower layer only, or move the code (LAYERS in {Path(__file__).name})")
     for spec in args.trace or ():
         seq, n_up, n_handed, visits = trace_load(root, spec)
         print(f"Elmo.load({spec!r}): through {len(visits)} files, {len(seq)} entries, {n_up} steps back up a layer "
