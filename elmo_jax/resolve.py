@@ -16,9 +16,8 @@ from pathlib import Path
 from elmo_jax.errors import ElmoError
 from elmo_jax.formats.folder import ModelValues, read_folder
 from elmo_jax.formats.run_exports import is_training_workdir, workdir_model
-from elmo_jax.hub.cache import OFFLINE_ENV, cache_home, fetch_model, offline_from_env
-from elmo_jax.hub.names import (DEFAULT_MODELS_URL, MODELS_URL_ENV, OPTIONS_FILE, RELEASED_MODELS, WEIGHTS_FILE,
-                                is_model_spec, is_url, model_source, suggestion)
+from elmo_jax.hub.cache import cache_home, fetch
+from elmo_jax.hub.names import OPTIONS_FILE, RELEASED_MODELS, WEIGHTS_FILE, is_model_spec, is_url, suggestion
 
 
 def resolve_model(spec: str | os.PathLike, *, offline: bool | None = None, progress: bool = True,
@@ -47,12 +46,7 @@ def resolve_model(spec: str | os.PathLike, *, offline: bool | None = None, progr
             f"model folder not found: {path}; a model is a folder, a released model's name "
             f"({', '.join(RELEASED_MODELS)}) or an http(s):// URL" + suggestion(str(spec))
         )
-    source = model_source(str(spec), os.environ.get(MODELS_URL_ENV) or DEFAULT_MODELS_URL)
-    return fetch_model(source, cache_home() / "models",
-                       offline=offline_from_env() if offline is None else offline,
-                       offline_reason=(f"offline mode is on ({OFFLINE_ENV}={os.environ.get(OFFLINE_ENV)})"
-                                       if offline is None else "offline mode is on"),
-                       progress=progress, force=force)
+    return fetch(str(spec), offline=offline, progress=progress, force=force)
 
 
 def local_folder(path: Path) -> Path:

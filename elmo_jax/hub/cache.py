@@ -22,7 +22,7 @@ from elmo_jax.hub.archives import fetch_archive
 from elmo_jax.hub.download import RETRY_DELAYS_S, TIMEOUT_S, NotFound, Unreachable, download
 from elmo_jax.hub.errors import ChecksumError, DownloadError, OfflineError
 from elmo_jax.hub.lock import exclusive_lock
-from elmo_jax.hub.names import OPTIONS_FILE, WEIGHTS_FILE, ModelSource
+from elmo_jax.hub.names import DEFAULT_MODELS_URL, MODELS_URL_ENV, OPTIONS_FILE, WEIGHTS_FILE, ModelSource, model_source
 from elmo_jax.hub.verify import MANIFEST_FILE, architecture_problem, check_model, check_options, verify_source, write_manifest
 
 
@@ -45,6 +45,18 @@ def cache_home() -> Path:
 
 def offline_from_env() -> bool:
     return os.environ.get(OFFLINE_ENV, "").strip().lower() in _TRUE
+
+
+def fetch(spec: str, *, offline: bool | None = None, progress: bool = True, force: bool = False) -> Path:
+    """The cache entry of the released name or URL ``spec`` (:mod:`~elmo_jax.hub.names`), checked,
+    fetched on first use: the hub's answer to "where is this model?".  ``offline``: ``None``
+    reads ``ELMO_JAX_OFFLINE``; the rest as for :func:`fetch_model`."""
+    source = model_source(spec, os.environ.get(MODELS_URL_ENV) or DEFAULT_MODELS_URL)
+    return fetch_model(source, cache_home() / "models",
+                       offline=offline_from_env() if offline is None else offline,
+                       offline_reason=(f"offline mode is on ({OFFLINE_ENV}={os.environ.get(OFFLINE_ENV)})"
+                                       if offline is None else "offline mode is on"),
+                       progress=progress, force=force)
 
 
 def fetch_model(
@@ -176,5 +188,5 @@ def _offline_message(source: ModelSource, entry: Path, reason: str) -> str:
             f"access, `elmo-jax download {source.spec}` fetches them: copy the folder it prints to {entry})")
 
 
-__all__ = ["HOME_ENV", "OFFLINE_ENV", "PARTIAL_DIR", "adopt", "cache_home", "fetch_model", "offline_from_env",
+__all__ = ["HOME_ENV", "OFFLINE_ENV", "PARTIAL_DIR", "adopt", "cache_home", "fetch", "fetch_model", "offline_from_env",
            "partial_dir"]
