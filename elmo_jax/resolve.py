@@ -64,7 +64,7 @@ def read_model(spec: str | os.PathLike, *, progress: bool = True) -> ModelValues
     and an ELMoForManyLangs folder converted once, into the cache)."""
     model_dir = os.fspath(spec)
     if not os.path.exists(model_dir) and is_model_spec(model_dir):
-        model_dir = os.fspath(resolve_model(model_dir, progress=progress))  # a name or URL: the cached copy
+        model_dir = os.fspath(fetch(model_dir, progress=progress))  # a name or URL: the cached copy
     if os.path.isfile(model_dir):
         raise ElmoError(
             f"{model_dir} is a file; Elmo.load takes the model folder "
