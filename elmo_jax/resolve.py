@@ -6,6 +6,7 @@ then a model read from it (:mod:`elmo_jax.formats.folder`, which knows the forma
     resolve_model("https://host/models/elmo_x_")         # URL prefix: + options.json, + weights.hdf5
     resolve_model("path/to/folder")                      # an existing folder, returned as it is
     resolve_model("runs/tiny")                           # a training workdir: its newest checkpoint, exported
+    read_model("small")    # Elmo.load's one call: the folder, then the model in it (config, params, vocabulary)
 """
 
 from __future__ import annotations
