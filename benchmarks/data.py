@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Host-side input pipeline benchmark (issue 31): preparation, vocabulary, batches per second
+"""Host-side input pipeline benchmark: preparation, vocabulary, batches per second
 per worker count, time the training loop waits for data, peak memory per worker.
 
     python benchmarks/data.py                              # 100k sentences, workers 0,1,2

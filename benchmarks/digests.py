@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""What the input checks of issue #37 cost at a run's start:
+"""What the input checks of a run (stale or swapped inputs) cost at a run's start:
 
 * the content key of local text (:func:`elmo_jax.data.text_source._corpus_key`: SHA-256 of
   every file's bytes, read at each start) on a ``--mb`` MB corpus file;

@@ -10,7 +10,7 @@ line.  Memory should not grow with N (it holds a group of ``--group-lines`` line
 
 ``layouts``: embedding a million sentences with a model is slow on a small CPU, so this
 writes synthetic float32 arrays of the tiny model's top-layer shape (``[n, 64]``, n = 3-12)
-through the writer code ``elmo-jax embed`` uses (:mod:`elmo_jax.embed_layouts`: a group of
+through the writer code ``elmo-jax embed`` uses (:mod:`elmo_jax.embedding.embed_layouts`: a group of
 2048 sentences per open/append/close + fsync, as the command checkpoints), then reads 2000
 random sentences back through :func:`elmo_jax.read_embeddings` (page cache warm: the file
 was just written).  Reports write seconds, file size, opening time and the mean time per
@@ -93,8 +93,9 @@ def rss(args) -> list[dict]:
 
 
 def layouts(args) -> list[dict]:
-    from elmo_jax import embed_layouts, read_embeddings
-    from elmo_jax.embed_state import fsync_path
+    from elmo_jax import read_embeddings
+    from elmo_jax.embedding import embed_layouts
+    from elmo_jax.embedding.embed_state import fsync_path
 
     rng = np.random.default_rng(0)
     n, group, dim = args.sentences, 2048, 64

@@ -29,7 +29,7 @@ import numpy as np  # noqa: E402
 
 from elmo_jax import ElmoConfig, batch_to_ids  # noqa: E402
 from elmo_jax.model.bilm import bilm, init_params  # noqa: E402
-from elmo_jax.weights import load_weights  # noqa: E402
+from elmo_jax.formats.hdf5 import load_weights  # noqa: E402
 
 
 def fixture_max_abs_diff(model_dir: pathlib.Path) -> float:

@@ -5,7 +5,7 @@ Runs ONLY inside the separate peer environment (never imported by the project)::
     PYTHONPATH=PEER/stub PEER/bin/python -W ignore benchmarks/peer_allennlp.py embed ...
 
 It loads the options.json + weights.hdf5 that ``run.py`` wrote with
-``elmo_jax.weights.save_weights``, so both sides run the same weights on the same sentences.
+``elmo_jax.formats.hdf5.save_weights``, so both sides run the same weights on the same sentences.
 Output: one JSON line prefixed with ``RESULT ``.
 
 ``_ElmoBiLm`` is stateful (it carries LSTM states between calls); every call here starts from

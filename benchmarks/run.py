@@ -226,7 +226,7 @@ class Suite:
         for preset in self.presets:
             cfg = ElmoConfig.preset(preset)
             fpt = flops.embed_flops_per_token(cfg)
-            log(f"{preset}: writing random weights (elmo_jax.weights.save_weights) ...")
+            log(f"{preset}: writing random weights (elmo_jax.formats.hdf5.save_weights) ...")
             s = self.ours("save", "--preset", preset, "--model-dir", self.model_dir(preset))
             if "error" in s:
                 raise SystemExit(f"save failed: {s['error']}")
@@ -284,10 +284,10 @@ class Suite:
         for k in range(self.args.rounds):
             got = {}
             def run_ours():
-                got["ours"] = self.ours("embed", "--mode", "bilm", *common, *shape, *self.reps)
+                got["ours"] = self.ours("embed", "--mode", "bilm", *common, *shape, *self.reps)  # noqa: B023 - called below
             def run_peer():
                 if self.peer_ok and self.peer_device:
-                    got["peer"] = self.peer("embed", *common, *shape, *self.reps, "--device", self.peer_device)
+                    got["peer"] = self.peer("embed", *common, *shape, *self.reps, "--device", self.peer_device)  # noqa: B023
             for run in ((run_ours, run_peer) if k % 2 == 0 else (run_peer, run_ours)):
                 run()
             if k == 0 and not self.args.no_e2e:
@@ -443,7 +443,7 @@ class Suite:
                      f"{mm['gflops']:.1f} GFLOP/s (best {mm['best_gflops']:.1f})")
         lines.append("")
         lines.append("Analytic FLOPs per token (forward; ELMO.md section 4 layout):")
-        for p, b in r["flops"].items():
+        for p in r["flops"]:
             lines.append("  " + flops.format_breakdown(p, ElmoConfig.preset(p), self.args.negatives))
         lines.append("")
         lines.append("Embedding (tokens/s = real tokens, no markers/padding; 'ours' = jitted bilm on fixed-shape "

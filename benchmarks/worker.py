@@ -74,7 +74,7 @@ def task_info(args) -> dict:
 
 
 def task_save(args) -> dict:
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
 
     elmo = Elmo.random(args.preset, seed=args.seed)
     elmo.save(args.model_dir, overwrite=True)
@@ -129,7 +129,7 @@ def _dtype(name: str):
 
 
 def _load_elmo(model_dir: str, batch_size: int):
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
 
     return Elmo.load(model_dir, batch_size=batch_size)
 

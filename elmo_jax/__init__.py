@@ -5,9 +5,13 @@ projected-LSTM language model, weight files in the released models' HDF5 layout,
 ``Elmo`` for embedding text from a notebook.
 """
 
+from elmo_jax import _moved
+from elmo_jax.version import __version__ as __version__
+
+_moved.install()
+
 __all__ = ["ConfigError", "Elmo", "ElmoConfig", "TokenTruncatedWarning", "batch_to_ids", "count_params",
            "read_embeddings"]
-__version__ = "0.1.0"
 
 
 def __getattr__(name):
@@ -21,12 +25,9 @@ def __getattr__(name):
         from elmo_jax import config
 
         return getattr(config, name)
-    if name == "Elmo":
-        from elmo_jax.embedder import Elmo
+    # ``Elmo`` pulls in jax and h5py.  The package's one import that runs up a layer.
+    if name in ("Elmo", "read_embeddings"):
+        from elmo_jax import embedding
 
-        return Elmo
-    if name == "read_embeddings":
-        from elmo_jax.embeddings_reader import read_embeddings
-
-        return read_embeddings
+        return getattr(embedding, name)
     raise AttributeError(f"module 'elmo_jax' has no attribute {name!r}")

@@ -175,7 +175,7 @@ def batch_to_ids(
 
 class ByteIds:
     """Tokens -> char ids for byte models: the ``token_ids`` of :class:`elmo_jax.Elmo` (a
-    vocabulary model has :class:`elmo_jax.manylangs.VocabIds`, with the same methods)."""
+    vocabulary model has :class:`elmo_jax.formats.manylangs.VocabIds`, with the same methods)."""
 
     def __init__(self, max_characters_per_token: int):
         self.max_chars = self.width = max_characters_per_token

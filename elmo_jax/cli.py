@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable
 
 from elmo_jax.errors import USER_ERRORS, ElmoError
-from elmo_jax.embed_input import GROUP_LINES, MAX_TOKENS
+from elmo_jax.embedding.embed_input import GROUP_LINES, MAX_TOKENS
 
 
 def _demo(args: argparse.Namespace) -> int:
     """Embed a few sentences with a model (random ``--preset`` or a ``--model`` folder)."""
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
 
     if args.model:
         elmo = Elmo.load(args.model)
@@ -164,7 +164,7 @@ def _is_main() -> bool:
 
 def _eval(args: argparse.Namespace) -> int:
     """Held-out perplexity of a workdir's latest checkpoint (full softmax)."""
-    from elmo_jax.train.export import load_checkpoint_params
+    from elmo_jax.formats.training_run import load_checkpoint_params
     from elmo_jax.train.loop import data_dir_for
     from elmo_jax.data.text_source import make_source
 
@@ -207,7 +207,7 @@ def _eval_source(args: argparse.Namespace, loaded, data: str, source) -> int:
 
 
 def _export(args: argparse.Namespace) -> int:
-    from elmo_jax.train.export import export
+    from elmo_jax.formats.training_run import export
 
     out = export(args.workdir, args.out_dir, step=args.step, overwrite=args.overwrite)
     print(f"exported step {out['step']} to {args.out_dir}: {', '.join(out['files'])}")
@@ -216,7 +216,7 @@ def _export(args: argparse.Namespace) -> int:
 
 
 def _embed(args: argparse.Namespace) -> int:
-    """Embed a text file (one sentence per line) into HDF5, streaming and resumable (elmo_jax.embed_file)."""
+    """Embed a text file (one sentence per line) into HDF5, streaming and resumable (elmo_jax.embedding.embed_file)."""
     if args.model and args.preset:
         raise ValueError("give --model DIR or --preset NAME, not both")
     if not args.model and not args.preset:
@@ -252,8 +252,8 @@ def _embed_refusals_before_loading(input_path: str, output_path: str, overwrite:
 
 
 def _embed_run(args: argparse.Namespace) -> int:
-    from elmo_jax.embed_file import embed_file
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embed_file import embed_file
+    from elmo_jax.embedding.embedder import Elmo
     from elmo_jax.embedding.devices import parse_devices
 
     devices = parse_devices(args.devices)
@@ -278,11 +278,14 @@ def _embed_run(args: argparse.Namespace) -> int:
 
 def _download(args: argparse.Namespace) -> int:
     """Fetch a model into the cache (elmo_jax.hub) and say where its files are."""
-    from elmo_jax import hub, manylangs
+    from elmo_jax.formats import manylangs
+    from elmo_jax.hub.cache import PARTIAL_DIR, cache_home
+    from elmo_jax.hub.names import RELEASED_MODELS
+    from elmo_jax.resolve import resolve_model
 
     if args.list:
         print("released English models (AllenNLP):")
-        for name, folder in hub.RELEASED_MODELS.items():
+        for name, folder in RELEASED_MODELS.items():
             print(f"  {name:16} {folder}")
         print("ELMoForManyLangs (HIT-SCIR; converted on download):")
         for code, (number, language) in manylangs.RELEASED.items():
@@ -291,13 +294,13 @@ def _download(args: argparse.Namespace) -> int:
     if not args.model:
         raise ValueError("name a model (or URL) to download, or --list to see the released names")
     try:
-        folder = hub.resolve_model(args.model, offline=True if args.offline else None,
-                                   progress=not args.no_progress, force=args.force)
+        folder = resolve_model(args.model, offline=True if args.offline else None,
+                               progress=not args.no_progress, force=args.force)
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Stopped): 130 / 143
         from elmo_jax.train.stop import exit_status, stopped_by
 
         print(f"elmo-jax download: interrupted; the part already downloaded is kept in "
-              f"{hub.cache_home() / hub.PARTIAL_DIR} and `elmo-jax download {args.model}` resumes it",
+              f"{cache_home() / PARTIAL_DIR} and `elmo-jax download {args.model}` resumes it",
               file=sys.stderr)
         return exit_status(stopped_by(e))
     print(f"{args.model}: {folder}")
@@ -447,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     dl.add_argument("--no-progress", action="store_true", help="no progress bar")
     dl.set_defaults(func=_download)
 
-    from elmo_jax.data.synthetic import add_corpus_command
+    from elmo_jax.data.synthetic_corpus import add_corpus_command
 
     add_corpus_command(sub)
     return parser

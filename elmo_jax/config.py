@@ -11,7 +11,7 @@
 padding row); both describe the same model.  This package always runs the 262 form.
 
 Models whose tokens are read through vocabulary files instead of UTF-8 bytes (HIT-SCIR's
-ELMoForManyLangs, converted by :mod:`elmo_jax.manylangs`) add a ``vocab`` section
+ELMoForManyLangs, converted by :mod:`elmo_jax.formats.manylangs`) add a ``vocab`` section
 (:class:`VocabConfig`): a char table of ``char.dic``'s size (+1 padding row), and optionally
 a word table whose vectors are concatenated with the char CNN + highway output before the
 projection.  Their token ids are ``[word id, char ids ...]`` (width ``1 + C``, see
@@ -315,7 +315,7 @@ def count_params(config: ElmoConfig) -> int:
     n += c.n_highway * 2 * (f * f + f)
     if config.has_char_projection:
         n += config.projection_input_dim * l.projection_dim + l.projection_dim
-    for layer in range(l.n_layers):
+    for _ in range(l.n_layers):
         n_in = l.projection_dim
         per_direction = (n_in + l.projection_dim) * 4 * l.dim + 4 * l.dim + l.dim * l.projection_dim
         n += 2 * per_direction

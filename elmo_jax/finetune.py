@@ -20,7 +20,7 @@ Heads (``head=``):
   variance over the batch's real tokens (the paper's optional layer norm; statistics come
   from the batch, as in AllenNLP's ScalarMix, so predictions depend a little on which
   sentences share a batch).  Its parameters are those of ``"mix"``;
-* ``"components"`` — the brief's 5-component head
+* ``"components"`` — the 5-component head
   (:func:`elmo_jax.model.heads.component_head`, the ``1 + 2L`` components times one
   matrix to ``out_dim``), then the classifier;
 * ``"layer:K"`` — layer ``K`` as is (a fixed probe), then the classifier.

@@ -49,7 +49,7 @@ from flax import nnx
 from elmo_jax import chars
 from elmo_jax.atomic import replace_dir
 from elmo_jax.config import ElmoConfig
-from elmo_jax.embedder import Elmo, Sentence, row_bucket, time_bucket
+from elmo_jax.embedding.embedder import Elmo, Sentence, row_bucket, time_bucket
 from elmo_jax.errors import ElmoError
 from elmo_jax.model import heads
 from elmo_jax.model.bilm import bilm

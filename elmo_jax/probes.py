@@ -6,7 +6,7 @@ each sentence an array ``[L+1, n_tokens, 2P]`` where layer 0 is the token layer 
 backward half ``[..., P:]``).  Nothing here imports the model.
 
 Labels are one dict per sentence with lists aligned to the tokens, as
-:func:`elmo_jax.data.synthetic.load_corpus` returns them:
+:func:`elmo_jax.data.synthetic_corpus.load_corpus` returns them:
 
 * ``classes``: the gold word class of every token;
 * ``senses``: ``"word#sense"`` for polysemous tokens, ``"-"`` otherwise;

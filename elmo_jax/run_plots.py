@@ -50,7 +50,7 @@ def read_metrics(workdir: str | os.PathLike) -> dict[str, dict[int, dict]]:
 
 def corpus_references(corpus_dir: str, vocab_tokens) -> dict[str, float]:
     """The embedded corpus's reference perplexities for a model with ``vocab_tokens``."""
-    from elmo_jax.data.synthetic import load_corpus
+    from elmo_jax.data.synthetic_corpus import load_corpus
     from elmo_jax.data.vocab import SPECIALS
     from elmo_jax.train.report import heldout_optimum
 
@@ -84,7 +84,8 @@ def _occurrences(corpus_dir: str, split: str, word: str | None, max_sentences: i
     """``(word, sentences, rows)``: the ambiguous ``word`` (None: the most frequent one of the
     first ``max_sentences`` of ``split``) and its labelled occurrences ``(sentence, position,
     sense)`` there."""
-    from elmo_jax.data.synthetic import NO_SENSE, load_corpus
+    from elmo_jax.data.synthetic import NO_SENSE
+    from elmo_jax.data.synthetic_corpus import load_corpus
 
     sentences, labels = load_corpus(corpus_dir, split)
     sentences, labels = sentences[:max_sentences], labels[:max_sentences]
@@ -112,7 +113,7 @@ def plot_word_senses(workdir: str, corpus_dir: str, params: dict, model_config, 
     """The held-out occurrences of the most frequent ambiguous word, per layer, along a sense
     direction fitted on up to ``max_fit`` of its training occurrences (:func:`elmo_jax.plots.fisher_2d`).
     ``say``: where to tell what takes minutes (then the embedding shows a progress bar)."""
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
     from elmo_jax.plots import fisher_2d
 
     word, heldout, rows = _occurrences(corpus_dir, "heldout", None, max_sentences)
@@ -145,7 +146,7 @@ def plot_run(workdir: str | os.PathLike, *, params: dict | None = None, model_co
     picture as it is written and of the work that takes minutes before one (a command's
     output; None: nothing is said)."""
     tell = say or (lambda message: None)
-    from elmo_jax.train.export import require_workdir
+    from elmo_jax.formats.training_run import require_workdir
 
     workdir = os.fspath(workdir)
     require_workdir(workdir)
@@ -173,7 +174,7 @@ def plot_run(workdir: str | os.PathLike, *, params: dict | None = None, model_co
 
 def _newest_params(workdir: str) -> tuple[Any, Any] | None:
     from elmo_jax.train.checkpoints import Checkpoints
-    from elmo_jax.train.export import load_checkpoint_params
+    from elmo_jax.formats.training_run import load_checkpoint_params
 
     if not os.path.isdir(os.path.join(workdir, "checkpoints")):
         return None

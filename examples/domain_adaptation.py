@@ -71,14 +71,14 @@ def main() -> int:
     parser.add_argument("--n-train-b", type=int, default=4000, help="training sentences of domain B")
     parser.add_argument("--eval-every", type=int, default=50)
     args = parser.parse_args()
-    from elmo_jax.data import synthetic
+    from elmo_jax.data import synthetic_corpus
 
     out = os.path.abspath(args.out)
     corpus_a, corpus_b = os.path.join(out, "corpus-a"), os.path.join(out, "corpus-b")
     if not os.path.exists(corpus_a):
-        synthetic.write_corpus(corpus_a)
+        synthetic_corpus.write_corpus(corpus_a)
     if not os.path.exists(corpus_b):
-        synthetic.write_corpus(corpus_b, n_train=args.n_train_b, domain="b")
+        synthetic_corpus.write_corpus(corpus_b, n_train=args.n_train_b, domain="b")
 
     def data(corpus: str) -> list[str]:
         return [f"--config.data={corpus}/train.txt", f"--config.heldout={corpus}/heldout.txt"]

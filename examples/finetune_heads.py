@@ -42,8 +42,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
-from elmo_jax.data.synthetic import load_corpus, write_corpus  # noqa: E402
-from elmo_jax.embedder import Elmo  # noqa: E402
+from elmo_jax.data.synthetic_corpus import load_corpus, write_corpus  # noqa: E402
+from elmo_jax.embedding.embedder import Elmo  # noqa: E402
 from elmo_jax.errors import USER_ERRORS  # noqa: E402
 from elmo_jax.finetune import accuracy, init_tagger, pad_labels, pad_layers, train_tagger  # noqa: E402
 from elmo_jax.train.stop import Stopped, raise_on_signal  # noqa: E402
@@ -57,7 +57,7 @@ MICRO = {"dim": 32, "projection_dim": 16, "embedding_dim": 4, "filters": [[1, 8]
 
 def pretrain(workdir: str, corpus: str, quick: bool) -> Elmo:
     from elmo_jax.train.config_loader import TrainConfig
-    from elmo_jax.train.export import export
+    from elmo_jax.formats.training_run import export
     from elmo_jax.train.loop import train
 
     cfg = TrainConfig(

@@ -1,4 +1,4 @@
-"""The code a GPU or TPU runs gives the CPU's numbers (issue 7: ready for accelerators).
+"""The code a GPU or TPU runs gives the CPU's numbers (ready for accelerators).
 
 Three choices are made by backend when tracing: the char CNN runs in chunks of sorted
 tokens on the CPU only (``encoder.cnn_chunk_tokens``), the inference LSTM stops after the

@@ -10,7 +10,7 @@ from elmo_jax import ElmoConfig, batch_to_ids
 from elmo_jax.model.bilm import add_boundary_vectors, bilm, init_params, marker_vectors, reverse_within_length
 from elmo_jax.model.encoder import encode_tokens
 from elmo_jax.model.lstm import lstm_stack
-from elmo_jax.weights import load_weights
+from elmo_jax.formats.hdf5 import load_weights
 
 TINY = ElmoConfig.preset("tiny")
 forward = jax.jit(bilm, static_argnums=1)

@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -89,7 +90,7 @@ def test_bad_json_file(tmp_path):
 
 def test_config_is_immutable_and_hashable():
     cfg = ElmoConfig.preset("tiny")
-    with pytest.raises(Exception):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.lstm.dim = 3  # type: ignore[misc]
     assert hash(cfg) == hash(ElmoConfig.from_options(cfg.to_options()))
     assert cfg.replace(dim=64).lstm.dim == 64

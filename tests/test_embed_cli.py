@@ -9,7 +9,7 @@ import pytest
 
 from elmo_jax import Elmo
 from elmo_jax.cli import main
-from elmo_jax.embed_file import embed_file
+from elmo_jax.embedding.embed_file import embed_file
 from tests.conftest import assert_close_across_programs
 
 LINES = ["the bank of the river", "她 去 银行 取钱", "", "a", "the bank of the river"]
@@ -173,7 +173,7 @@ def test_sigterm_during_a_command_is_one_line_and_143(tmp_path, monkeypatch, cap
         signal.raise_signal(signal.SIGTERM)
         raise AssertionError("SIGTERM did not stop the command")
 
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
 
     monkeypatch.setattr(Elmo, "random", staticmethod(load))
     before = signal.getsignal(signal.SIGTERM)

@@ -22,9 +22,11 @@ import jax
 import numpy as np
 import pytest
 
-from elmo_jax import Elmo, embed_layouts, read_embeddings
+from elmo_jax import Elmo, read_embeddings
+
+from elmo_jax.embedding import embed_layouts
 from elmo_jax.cli import main
-from elmo_jax.embed_file import EmbedStopped, embed_file
+from elmo_jax.embedding.embed_file import EmbedStopped, embed_file
 from tests.conftest import device_env, unmount
 
 REPO = Path(__file__).resolve().parents[1]
@@ -85,7 +87,7 @@ def test_every_layout_reads_back_as_embed_gives(elmo, tmp_path, layout, layers):
         expected = elmo.embed(lines, layers, batch_size=16)
     with read_embeddings(tmp_path / "out.hdf5") as emb:
         assert len(emb) == 40 and emb.layout == layout
-        for i, (got, e) in enumerate(zip(emb, expected)):
+        for got, e in zip(emb, expected):
             assert got.shape == e.shape and got.dtype == np.float32
             np.testing.assert_allclose(got, e, atol=1e-6, rtol=0)
         width = (3, 64) if layers == "all" else (64,)
@@ -230,7 +232,7 @@ def _env(devices: int = 1) -> dict:
 # at that exact point: mid-group (half of a group written) or after a flush, before the progress.
 _CLI = textwrap.dedent("""
     import os, signal, sys
-    from elmo_jax import embed_layouts, embed_state
+    from elmo_jax.embedding import embed_layouts, embed_state
     where, at = sys.argv[1], int(sys.argv[2])
     if where == "mid_group":
         original, calls = embed_layouts.append, []

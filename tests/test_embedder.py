@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from elmo_jax import Elmo, ElmoConfig, batch_to_ids
-from elmo_jax.embedder import row_bucket, scan_length_bucket, time_bucket, time_buckets
+from elmo_jax.embedding.embedder import row_bucket, scan_length_bucket, time_bucket, time_buckets
 from elmo_jax.errors import ElmoError
 from tests.conftest import assert_close_across_programs
 
@@ -80,7 +80,7 @@ def test_an_interrupted_overwrite_keeps_the_old_pair(tmp_path, monkeypatch, fail
     """Weights and options are renamed into place together, after both are written: a
     failure while writing either leaves the old model loadable, never new weights beside old
     options (which would not load: the shapes disagree)."""
-    import elmo_jax.embedder as embedder_module
+    import elmo_jax.embedding.embedder as embedder_module
 
     old = Elmo.random("tiny", seed=0)
     old.save(tmp_path / "m")
@@ -400,7 +400,7 @@ def test_token_cache_encoder_compiles_stay_within_the_documented_bound():
     ``ceil(log2(batch_size * T)) - 3`` encoder shapes in all (``T`` the longest time bucket)."""
     import math
 
-    from elmo_jax.embedder import time_bucket
+    from elmo_jax.embedding.embedder import time_bucket
 
     elmo = Elmo.random("tiny", seed=3, batch_size=64)
     elmo.cache_vocabulary(["the"])

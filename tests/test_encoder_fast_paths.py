@@ -1,4 +1,4 @@
-"""Speed rearrangements of the encoder leave its numbers alone (issue 7).
+"""Speed rearrangements of the encoder leave its numbers alone.
 
 On the CPU the char CNN runs in chunks of ``CNN_CHUNK_TOKENS`` tokens (a loop, with the
 hand-written convolution gradient) after sorting the tokens by length; the convolutions
@@ -19,7 +19,7 @@ from elmo_jax import ElmoConfig, batch_to_ids
 from elmo_jax.model import encoder
 from elmo_jax.model.bilm import bilm, bilm_from_token_vectors, init_params, marker_vectors
 from elmo_jax.model.encoder import encode_tokens
-from elmo_jax.weights import load_weights
+from elmo_jax.formats.hdf5 import load_weights
 
 TINY = ElmoConfig.preset("tiny")
 WORDS = "the quick brown fox jumps over a lazy dog while seven tired otters sing".split()

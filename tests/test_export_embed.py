@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from elmo_jax import Elmo, batch_to_ids
-from elmo_jax.embedder import row_bucket, time_bucket
+from elmo_jax.embedding.embedder import row_bucket, time_bucket
 from elmo_jax.model.bilm import bilm
-from elmo_jax.weights import WeightFileError
+from elmo_jax.formats.hdf5 import WeightFileError
 from tests.conftest import assert_close_across_programs
 
 MICRO = {"dim": 16, "projection_dim": 8, "embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]],
@@ -23,7 +23,7 @@ SENTENCES = ["the bank of the river", "she went to the bank", "银行 取钱", "
 @pytest.mark.fidelity
 def test_export_load_embed_equals_checkpoint_forward(tmp_path):
     from elmo_jax.train.config_loader import TrainConfig
-    from elmo_jax.train.export import export, load_checkpoint_params
+    from elmo_jax.formats.training_run import export, load_checkpoint_params
     from elmo_jax.train.loop import train
 
     rng = np.random.default_rng(0)

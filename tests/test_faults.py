@@ -1,5 +1,5 @@
 """What elmo-jax survives: faults and misuse that must neither lose the user's data nor end
-in a traceback (issue #30).  One test per fault, grouped by the issue's items; each
+in a traceback.  One test per fault, grouped by kind; each
 injects the fault itself (a path that names the input twice, a truncated file, a stop
 signal, a restrictive umask, a bad argument) and checks what the user gets."""
 
@@ -17,9 +17,9 @@ import pytest
 from elmo_jax import Elmo
 from elmo_jax.cli import main
 from elmo_jax.config import ElmoConfig
-from elmo_jax.embed_file import embed_file
+from elmo_jax.embedding.embed_file import embed_file
 from elmo_jax.errors import ElmoError
-from elmo_jax.weights import WeightFileError, datasets_to_params, expected_shapes
+from elmo_jax.formats.hdf5 import WeightFileError, datasets_to_params, expected_shapes
 
 from tests.conftest import REPO, unmount
 
@@ -182,7 +182,7 @@ def test_a_second_run_on_a_busy_workdir_is_refused_naming_the_holder(reference_r
     export can read meanwhile; once the first is killed (-9), the lock is gone and the run resumes."""
     import socket
 
-    from elmo_jax.train.export import export
+    from elmo_jax.formats.training_run import export
     from elmo_jax.train.loop import train
     from elmo_jax.train.workdir import WorkdirBusyError
 
@@ -277,7 +277,7 @@ def test_export_and_eval_name_a_damaged_checkpoint_as_damaged(reference_run, tmp
 
 
 def test_export_of_a_damaged_checkpoint_prints_its_one_line_and_nothing_else(reference_run, tmp_path):
-    """#37: no orbax warnings about the damage probe, no "Event loop is closed" echoes of the
+    """No orbax warnings about the damage probe, no "Event loop is closed" echoes of the
     failed reads (tensorstore's reads that finish after orbax closed its loop) around the line."""
     cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
     _truncate_data_files(work / "checkpoints" / "6", keep=0.5)
@@ -288,7 +288,7 @@ def test_export_of_a_damaged_checkpoint_prints_its_one_line_and_nothing_else(ref
 
 
 def test_a_step_that_does_not_exist_is_named_missing_with_the_steps_there(reference_run, tmp_path, capsys):
-    """#37: `--step 5` where only 3 and 6 exist: not "damaged", the steps to pick from."""
+    """`--step 5` where only 3 and 6 exist: not "damaged", the steps to pick from."""
     cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
     for argv in (["export", str(work), str(tmp_path / "out"), "--step", "5"],
                  ["eval", str(work), "--data", cfg.data, "--step", "5"]):
@@ -299,7 +299,7 @@ def test_a_step_that_does_not_exist_is_named_missing_with_the_steps_there(refere
 
 
 def test_a_cut_vocabulary_is_named_not_blamed_on_the_layout(reference_run, tmp_path, capsys):
-    """#37: a vocab.txt cut after training: the file and the fix, not orbax's shapes and strict=False."""
+    """A vocab.txt cut after training: the file and the fix, not orbax's shapes and strict=False."""
     from elmo_jax.train.checkpoints import CheckpointError
     from elmo_jax.train.loop import train
 
@@ -317,7 +317,7 @@ def test_a_cut_vocabulary_is_named_not_blamed_on_the_layout(reference_run, tmp_p
 
 
 def test_a_checkpoint_holding_nan_is_refused_by_export_naming_the_weight(reference_run, tmp_path, capsys):
-    """#37: NaN weights embedded to NaN without a word; export names the weight and the way out."""
+    """NaN weights embedded to NaN without a word; export names the weight and the way out."""
     import jax
     import orbax.checkpoint as ocp
 
@@ -357,7 +357,7 @@ def _read_only(folder):
 
 
 def test_eval_of_a_read_only_workdir_needs_no_write_there(reference_run, tmp_path, capsys):
-    """#37: `eval RUN --data X` prepared X in RUN/tfds and failed with a raw [Errno 30] on a
+    """`eval RUN --data X` prepared X in RUN/tfds and failed with a raw [Errno 30] on a
     read-only RUN: it prepares X in a temporary folder instead and says so; a read-only
     --data-dir is one line naming it."""
     import json
@@ -604,7 +604,7 @@ def test_embed_output_follows_the_umask(tmp_path, elmo, umask, mask):
 
 def test_corpus_folder_follows_the_umask(tmp_path, umask):
     """`elmo-jax corpus DIR` makes DIR readable as the umask allows (0755 under 022), not 0700."""
-    from elmo_jax.data.synthetic import write_corpus
+    from elmo_jax.data.synthetic_corpus import write_corpus
 
     umask(0o022)
     write_corpus(tmp_path / "corpus", n_train=10, n_heldout=5)
@@ -698,7 +698,7 @@ def test_overlong_token_is_cut_and_said_once(model_dir):
 
 
 # ==========================================================================================
-# Issue #37: stale or swapped inputs of a resumed run.
+# Stale or swapped inputs of a resumed run.
 # ==========================================================================================
 
 def test_a_resume_refuses_a_swapped_vocabulary_or_a_changed_config(reference_run, tmp_path, capsys):
@@ -747,7 +747,7 @@ def test_a_resume_refuses_a_swapped_vocabulary_or_a_changed_config(reference_run
 
 _KILLED_EXPORT = """
 import os, signal, sys
-from elmo_jax.train import export as ex
+from elmo_jax.formats import training_run as ex
 def dying(*args, **kwargs):
     os.kill(os.getpid(), signal.SIGKILL)  # kill -9 while the weights are written
 ex.save_weights = dying

@@ -22,9 +22,11 @@ import pytest
 
 from tests.conftest import REPO, require_fixtures, wait_for
 from elmo_jax import Elmo, hub
+from elmo_jax.errors import ElmoError
+from elmo_jax.resolve import resolve_model
 from elmo_jax.cli import main
 from elmo_jax.config import ElmoConfig
-from elmo_jax.weights import datasets_to_params, expected_shapes, save_weights
+from elmo_jax.formats.hdf5 import datasets_to_params, expected_shapes, save_weights
 
 SMALL_DIR = hub.RELEASED_MODELS["small"]
 
@@ -201,28 +203,28 @@ def test_names_and_url_forms_map_to_the_expected_files():
 
 
 def test_local_folders_are_returned_as_they_are(tmp_path, home, monkeypatch):
-    assert hub.resolve_model(tmp_path) == tmp_path
-    assert hub.resolve_model(str(tmp_path)) == tmp_path
+    assert resolve_model(tmp_path) == tmp_path
+    assert resolve_model(str(tmp_path)) == tmp_path
     monkeypatch.chdir(tmp_path)
     (tmp_path / "small").mkdir()
     monkeypatch.setenv(hub.OFFLINE_ENV, "1")  # nothing is fetched: the folder wins over the name
-    assert hub.resolve_model("small") == Path("small")
+    assert resolve_model("small") == Path("small")
     monkeypatch.delenv(hub.OFFLINE_ENV)
     with pytest.raises(FileNotFoundError, match=r"model folder not found: .*nope; .*small, medium, original"):
-        hub.resolve_model(tmp_path / "nope")
+        resolve_model(tmp_path / "nope")
     (tmp_path / "f.json").write_text("{}")
-    with pytest.raises(hub.ElmoError, match="is a file"):
-        hub.resolve_model(tmp_path / "f.json")
+    with pytest.raises(ElmoError, match="is a file"):
+        resolve_model(tmp_path / "f.json")
     with pytest.raises(FileNotFoundError, match="model folder not found"):
         Elmo.load(tmp_path / "smal")  # not a name: Elmo.load's own error, nothing fetched
     assert _entries(home) == []
     # Neither an empty spec (Path("") would be the current folder) nor a URL without a host.
     for spec in ("", "  "):
         with pytest.raises(ValueError, match="no model given"):
-            hub.resolve_model(spec)
+            resolve_model(spec)
     for spec in ("http://", "https:///models/x/"):
         with pytest.raises(ValueError, match="names no host"):
-            hub.resolve_model(spec)
+            resolve_model(spec)
     assert _entries(home) == []
 
 
@@ -278,7 +280,7 @@ def test_dropped_connection_is_resumed_with_range(server, tiny, home, tmp_path, 
         weights = _tiny_model(tmp_path, seed=1)["weights.hdf5"]  # same layout and size, other values
         assert len(weights) == len(tiny["weights.hdf5"]) and weights[:cut] != tiny["weights.hdf5"][:cut]
         server.routes.after_drop[f"/{folder}/weights.hdf5"] = weights
-    entry = hub.resolve_model(url, progress=False)
+    entry = resolve_model(url, progress=False)
     assert server.routes.gets(f"/{folder}/weights.hdf5") == [None, f"bytes={cut}-"]
     assert (entry / "weights.hdf5").read_bytes() == weights
     assert json.loads((entry / "download.json").read_text())["sha256"]["weights.hdf5"] == _sha(weights)
@@ -301,7 +303,7 @@ def test_a_connection_that_keeps_dropping_gives_up_and_caches_nothing(server, ti
 def test_http_404_is_a_clear_error_and_caches_nothing(server, tiny, home):
     url = _serve(server, "half", {"options.json": tiny["options.json"]})  # no weights there
     with pytest.raises(hub.DownloadError, match=r"/half/weights.hdf5: HTTP 404 .*a folder URL ends with '/'"):
-        hub.resolve_model(url, progress=False)
+        resolve_model(url, progress=False)
     with pytest.raises(hub.DownloadError, match=r"/nothing/options.json: HTTP 404"):
         Elmo.load(f"{server.url}/nothing/")
     assert _entries(home) == []
@@ -325,24 +327,24 @@ def test_bad_bodies_are_refused_and_cache_nothing(server, tiny, home, damage):
         expected = r"not a valid model: .*/options/options.json is not valid JSON"
     url = _serve(server, damage, files)
     with pytest.raises(hub.DownloadError, match=expected + r".*nothing was cached"):
-        hub.resolve_model(url, progress=False)
+        resolve_model(url, progress=False)
     assert _entries(home) == []
 
 
 def test_a_changed_cache_file_is_refused_on_later_use(server, tiny, home):
     url = _serve(server, "tamper", tiny)
-    entry = hub.resolve_model(url, progress=False)
+    entry = resolve_model(url, progress=False)
     data = bytearray((entry / "weights.hdf5").read_bytes())
     data[-1] ^= 0xFF  # one flipped bit in a weight value: only the sha256 can tell
     (entry / "weights.hdf5").write_bytes(bytes(data))
     redo = rf"delete {re.escape(str(entry))} and run `elmo-jax download {re.escape(url)}`"
     with pytest.raises(hub.ChecksumError, match=rf"weights.hdf5 has changed since it was downloaded .*{redo}"):
-        hub.resolve_model(url)
+        resolve_model(url)
     with pytest.raises(hub.ChecksumError):
         Elmo.load(url)
     (entry / "weights.hdf5").unlink()
     with pytest.raises(hub.ChecksumError, match="weights.hdf5 is missing from the model cache"):
-        hub.resolve_model(url)
+        resolve_model(url)
     assert len(server.routes.gets("/tamper/weights.hdf5")) == 1  # never silently fetched again
 
 
@@ -352,7 +354,7 @@ def test_offline_uses_the_cache_and_otherwise_says_which_files_to_put_where(serv
     paths = _serve_released(server, "medium", tiny, monkeypatch, "offline")
     monkeypatch.setenv(hub.OFFLINE_ENV, "1")
     with pytest.raises(hub.OfflineError) as e:
-        hub.resolve_model("medium")
+        resolve_model("medium")
     entry = home / "models" / "medium"
     message = str(e.value)
     assert "not in the cache and offline mode is on (ELMO_JAX_OFFLINE=1)" in message
@@ -367,9 +369,9 @@ def test_offline_uses_the_cache_and_otherwise_says_which_files_to_put_where(serv
     entry.mkdir(parents=True)
     (entry / "options.json").write_bytes(tiny["options.json"])
     with pytest.raises(hub.OfflineError, match=r"holds no weights.hdf5; put the model's files there"):
-        hub.resolve_model("medium")
+        resolve_model("medium")
     (entry / "weights.hdf5").write_bytes(tiny["weights.hdf5"])
-    assert hub.resolve_model("medium") == entry
+    assert resolve_model("medium") == entry
     manifest = json.loads((entry / "download.json").read_text())
     assert manifest["origin"] == "placed in the cache by hand"
     assert manifest["sha256"]["weights.hdf5"] == _sha(tiny["weights.hdf5"])
@@ -378,17 +380,17 @@ def test_offline_uses_the_cache_and_otherwise_says_which_files_to_put_where(serv
 
 def test_unreachable_network_uses_the_cache_or_gives_one_clear_error(server, tiny, monkeypatch, home):
     paths = _serve_released(server, "original", tiny, monkeypatch, "reach")
-    assert hub.resolve_model("original", progress=False) == home / "models" / "original"
+    assert resolve_model("original", progress=False) == home / "models" / "original"
     closed = _closed_port_url()
     monkeypatch.setenv(hub.MODELS_URL_ENV, closed)  # nothing listens there
-    assert hub.resolve_model("original") == home / "models" / "original"  # cached: no network needed
-    assert hub.resolve_model("original", offline=True) == home / "models" / "original"
+    assert resolve_model("original") == home / "models" / "original"  # cached: no network needed
+    assert resolve_model("original", offline=True) == home / "models" / "original"
     with pytest.raises(hub.OfflineError, match=r"model 'small' is not in the cache and the network is unreachable "
                                                r"\(.*refused.*\); put these files there:\n  " + re.escape(closed)):
-        hub.resolve_model("small")
+        resolve_model("small")
     with pytest.raises(hub.OfflineError, match=r"not in the cache and offline mode is on; download "
                                                r"http://\S+/m.zip, extract it"):
-        hub.resolve_model(f"{server.url}/m.zip", offline=True)
+        resolve_model(f"{server.url}/m.zip", offline=True)
     assert _entries(home) == ["original"]
     assert len(server.routes.gets(paths["weights.hdf5"])) == 1
 
@@ -423,7 +425,7 @@ def test_archives_are_extracted_into_one_cache_entry(server, tiny, home, kind):
                "ru/vocab.txt": b"<S>\n</S>\n<UNK>\n", "README": b"not part of the model\n"}
     server.routes.files[f"/arch/ru.{kind}"] = _archive(kind, members)
     url = f"{server.url}/arch/ru.{kind}"
-    entry = hub.resolve_model(url, progress=False)
+    entry = resolve_model(url, progress=False)
     assert sorted(p.name for p in entry.iterdir()) == ["download.json", "options.json", "vocab.txt", "weights.hdf5"]
     assert (entry / "weights.hdf5").read_bytes() == tiny["weights.hdf5"]
     assert json.loads((entry / "download.json").read_text())["urls"] == {"archive": url}
@@ -434,14 +436,14 @@ def test_archives_are_extracted_into_one_cache_entry(server, tiny, home, kind):
     # A model file named only by its suffix (model.hdf5) is found too; a broken archive is refused.
     server.routes.files[f"/arch/plain.{kind}"] = _archive(kind, {"options.json": tiny["options.json"],
                                                                  "model.hdf5": tiny["weights.hdf5"]})
-    assert (hub.resolve_model(f"{server.url}/arch/plain.{kind}", progress=False) / "weights.hdf5").exists()
+    assert (resolve_model(f"{server.url}/arch/plain.{kind}", progress=False) / "weights.hdf5").exists()
     server.routes.files[f"/arch/broken.{kind}"] = b"this is not an archive" * 10
     with pytest.raises(hub.DownloadError, match=rf"broken.{kind} is not a readable .* archive"):
-        hub.resolve_model(f"{server.url}/arch/broken.{kind}", progress=False)
+        resolve_model(f"{server.url}/arch/broken.{kind}", progress=False)
     server.routes.files[f"/arch/empty.{kind}"] = _archive(kind, {"vocab.txt": b"a\n"})
     with pytest.raises(hub.DownloadError, match="expected one folder with an options .json file in the archive, "
                                                 "found none; nothing was cached"):
-        hub.resolve_model(f"{server.url}/arch/empty.{kind}", progress=False)
+        resolve_model(f"{server.url}/arch/empty.{kind}", progress=False)
     assert len(_entries(home)) == 2
 
 

@@ -17,9 +17,9 @@ pytest.importorskip("fcntl", reason="the download locks are flock()s (not on Win
 _HOLDER = textwrap.dedent("""\
     import sys, time
     from pathlib import Path
-    from elmo_jax import hub
+    from elmo_jax.hub import lock
 
-    with hub._exclusive_lock(Path(sys.argv[1]), sys.argv[2], False):
+    with lock.exclusive_lock(Path(sys.argv[1]), sys.argv[2], False):
         print("holding", flush=True)
         time.sleep(600)
 """)
@@ -35,7 +35,7 @@ def _holder(tmp_path, lock, spec):
 
 
 def test_a_lock_left_by_a_killed_holder_names_it_and_the_next_run_removes_it(tmp_path):
-    from elmo_jax import hub
+    from elmo_jax.hub import lock
 
     locks = tmp_path / "models" / ".locks"
     locks.parent.mkdir()
@@ -45,7 +45,7 @@ def test_a_lock_left_by_a_killed_holder_names_it_and_the_next_run_removes_it(tmp
         killed.send_signal(signal.SIGKILL)
         killed.wait(timeout=60)
         assert (locks / "a.lock").read_text(encoding="utf-8") == f"pid {killed.pid} fetching model-a\n"
-        with hub._exclusive_lock(locks / "b.lock", "model-b", False):  # another model: it works, and cleans
+        with lock.exclusive_lock(locks / "b.lock", "model-b", False):  # another model: it works, and cleans
             assert sorted(p.name for p in locks.iterdir()) == ["b.lock", "c.lock"]
         assert sorted(p.name for p in locks.iterdir()) == ["c.lock"]  # the live holder's is kept
         assert (locks / "c.lock").read_text(encoding="utf-8") == f"pid {live.pid} fetching model-c\n"
@@ -53,6 +53,6 @@ def test_a_lock_left_by_a_killed_holder_names_it_and_the_next_run_removes_it(tmp
         for proc in (killed, live):
             proc.kill()
             proc.wait(timeout=60)
-    with hub._exclusive_lock(locks / "a.lock", "model-a", False):  # the killed one's own model: works
+    with lock.exclusive_lock(locks / "a.lock", "model-a", False):  # the killed one's own model: works
         pass
     assert list(locks.iterdir()) == []

@@ -1,4 +1,5 @@
-"""elmo_jax.hub, issue #36 part 2 (and #38's hub points): each point tested against the HTTP
+"""elmo_jax.hub's trust: pinned digests, released architectures, resumed and forced downloads,
+files placed by hand; each point tested against the HTTP
 server of tests/test_hub.py on 127.0.0.1 (never the internet)."""
 
 import io
@@ -13,7 +14,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from elmo_jax import Elmo, hub, manylangs
+from elmo_jax import Elmo, hub
+from elmo_jax.hub.verify import write_manifest
+from elmo_jax.hub import download as hub_download
+from elmo_jax.resolve import resolve_model
+
+from elmo_jax.formats import manylangs
 from elmo_jax.cli import main
 from tests.conftest import wait_for
 from tests.test_hub import _entries, _serve, _sha, _tiny_model, home, server, tiny  # noqa: F401 - fixtures
@@ -23,10 +29,10 @@ MANYLANGS = Path(__file__).parent / "data" / "manylangs"
 
 def test_a_bilm_tf_folder_loads_from_its_urls(server, tiny, home):
     url = _serve(server, "bilmtf", {"options.json": tiny["options.json"], "lm_weights.hdf5": tiny["weights.hdf5"]})
-    entry = hub.resolve_model(url, progress=False)
+    entry = resolve_model(url, progress=False)
     assert (entry / "weights.hdf5").read_bytes() == tiny["weights.hdf5"]
     # the weight file's own URL is the same model: its options are the folder's options.json
-    assert hub.resolve_model(url + "lm_weights.hdf5", progress=False) == entry
+    assert resolve_model(url + "lm_weights.hdf5", progress=False) == entry
     assert server.routes.gets("/bilmtf/lm_options.json") == []
 
 
@@ -40,7 +46,7 @@ def test_an_unknown_file_name_is_refused_and_tar_is_an_archive(server, tiny, hom
             info.size = len(data)
             t.addfile(info, io.BytesIO(data))
     server.routes.files["/tarred/model.tar"] = buf.getvalue()
-    entry = hub.resolve_model(f"{server.url}/tarred/model.tar", progress=False)
+    entry = resolve_model(f"{server.url}/tarred/model.tar", progress=False)
     assert (entry / "weights.hdf5").read_bytes() == tiny["weights.hdf5"]
     assert server.routes.gets("/tarred/model.taroptions.json") == []
 
@@ -78,9 +84,9 @@ def test_a_released_name_is_checked_against_its_architecture(tiny, home, monkeyp
     for name, data in tiny.items():
         (entry / name).write_bytes(data)
     with pytest.raises(hub.ChecksumError, match=r"not those of the released model 'small' \(.*lstm.dim 16, released 1024"):
-        hub.resolve_model("small", offline=True)
+        resolve_model("small", offline=True)
     assert not (entry / "download.json").exists()  # nothing recorded for a wrong model
-    hub._write_manifest(entry, hub.model_source("small"), downloaded=True)  # even with a manifest
+    write_manifest(entry, hub.model_source("small"), downloaded=True)  # even with a manifest
     with pytest.raises(hub.ChecksumError, match=r"holds a model that is not the released 'small'"):
         Elmo.load("small")
 
@@ -89,12 +95,12 @@ def test_a_pinned_digest_is_checked_then_and_on_every_use(server, tiny, home):
     url = _serve(server, "pinned", tiny)
     wrong = "0" * 64
     with pytest.raises(hub.DownloadError, match=rf"sha256 {_sha(tiny['weights.hdf5'])}, not the pinned {wrong}"):
-        hub.resolve_model(f"{url}#sha256={wrong}", progress=False)
+        resolve_model(f"{url}#sha256={wrong}", progress=False)
     assert _entries(home) == []
-    entry = hub.resolve_model(f"{url}#sha256={_sha(tiny['weights.hdf5'])}", progress=False)
-    assert hub.resolve_model(url, progress=False) == entry  # the same entry, pinned or not
+    entry = resolve_model(f"{url}#sha256={_sha(tiny['weights.hdf5'])}", progress=False)
+    assert resolve_model(url, progress=False) == entry  # the same entry, pinned or not
     with pytest.raises(hub.ChecksumError, match=r"the pinned sha256 0{64} does not match"):
-        hub.resolve_model(f"{url}#sha256={wrong}")
+        resolve_model(f"{url}#sha256={wrong}")
     with pytest.raises(ValueError, match=r"#sha256=<64 hex digits>"):
         hub.model_source(f"{url}#md5=abc")
 
@@ -122,15 +128,15 @@ class _Quiet(_Interrupt):
 
 def test_an_interrupted_download_keeps_its_part_and_resumes(server, tiny, home, monkeypatch, capsys):
     url = _serve(server, "ctrlc", tiny)
-    monkeypatch.setattr(hub, "_CHUNK_BYTES", 1000)
-    monkeypatch.setattr(hub, "_progress_bar", _Interrupt)
+    monkeypatch.setattr(hub_download, "CHUNK_BYTES", 1000)
+    monkeypatch.setattr(hub_download, "progress_bar", _Interrupt)
     assert main(["download", url]) == 130
     err = capsys.readouterr().err
     assert "interrupted; the part already downloaded is kept" in err and "checkpoints" not in err
     part = hub.partial_dir(home / "models", hub.model_source(url).key) / "options.json.part"
     assert part.read_bytes() == tiny["options.json"][:1000]  # kept (the whole small file, not yet renamed)
-    monkeypatch.setattr(hub, "_progress_bar", _Quiet)
-    entry = hub.resolve_model(url)
+    monkeypatch.setattr(hub_download, "progress_bar", _Quiet)
+    entry = resolve_model(url)
     assert server.routes.gets("/ctrlc/options.json") == [None, f"bytes={part.stat().st_size if part.exists() else len(tiny['options.json'][:1000])}-"]
     assert (entry / "options.json").read_bytes() == tiny["options.json"]
     assert not (home / hub.PARTIAL_DIR).exists()  # nothing left to resume
@@ -138,7 +144,7 @@ def test_an_interrupted_download_keeps_its_part_and_resumes(server, tiny, home, 
 
 def test_a_killed_download_resumes_with_range(server, tiny, home, monkeypatch):
     url = _serve(server, "killed", tiny)
-    monkeypatch.setattr(hub, "_CHUNK_BYTES", 1000)
+    monkeypatch.setattr(hub_download, "CHUNK_BYTES", 1000)
     bars = []
 
     class StopOnWeights(_Interrupt):
@@ -150,11 +156,11 @@ def test_a_killed_download_resumes_with_range(server, tiny, home, monkeypatch):
             if self.name == "weights.hdf5":
                 raise KeyboardInterrupt
 
-    monkeypatch.setattr(hub, "_progress_bar", StopOnWeights)
+    monkeypatch.setattr(hub_download, "progress_bar", StopOnWeights)
     with pytest.raises(KeyboardInterrupt):
-        hub.resolve_model(url)
-    monkeypatch.setattr(hub, "_progress_bar", _Quiet)
-    entry = hub.resolve_model(url)
+        resolve_model(url)
+    monkeypatch.setattr(hub_download, "progress_bar", _Quiet)
+    entry = resolve_model(url)
     assert server.routes.gets("/killed/weights.hdf5") == [None, "bytes=1000-"]
     assert (entry / "weights.hdf5").read_bytes() == tiny["weights.hdf5"]
 
@@ -186,7 +192,7 @@ def test_the_body_arrives_in_small_chunks(server, tiny, home):
     release = threading.Event()
     server.routes.pause_after["/slow/weights.hdf5"] = (3000, release)
     done = []
-    thread = threading.Thread(target=lambda: done.append(hub.resolve_model(url, progress=False)))
+    thread = threading.Thread(target=lambda: done.append(resolve_model(url, progress=False)))
     thread.start()
     try:
         part = hub.partial_dir(home / "models", hub.model_source(url).key) / "weights.hdf5.part"
@@ -217,20 +223,20 @@ def test_progress_can_be_turned_off(server, tiny, home, capfd):
 def test_options_are_checked_before_the_weights_are_fetched(server, tiny, home):
     url = _serve(server, "badopts", {"options.json": b'{"lstm": {}}', "weights.hdf5": tiny["weights.hdf5"]})
     with pytest.raises(hub.DownloadError, match=r"badopts/options.json: missing section 'char_cnn'.*weight file was not"):
-        hub.resolve_model(url, progress=False)
+        resolve_model(url, progress=False)
     assert server.routes.gets("/badopts/weights.hdf5") == []
 
 
 def test_force_fetches_again_after_a_checksum_error(server, tiny, home, capsys):
     url = _serve(server, "forced", tiny)
-    entry = hub.resolve_model(url, progress=False)
+    entry = resolve_model(url, progress=False)
     (entry / "weights.hdf5").write_bytes(b"damaged")
     with pytest.raises(hub.ChecksumError, match=r"`elmo-jax download .*--force`"):
-        hub.resolve_model(url)
+        resolve_model(url)
     assert main(["download", url, "--force", "--no-progress"]) == 0
     assert (entry / "weights.hdf5").read_bytes() == tiny["weights.hdf5"]
     assert len(server.routes.gets("/forced/weights.hdf5")) == 2
-    assert hub.resolve_model(url, force=True, progress=False) == entry
+    assert resolve_model(url, force=True, progress=False) == entry
 
 
 def test_a_hand_placed_file_is_not_called_downloaded(tiny, home, monkeypatch, server):
@@ -239,11 +245,11 @@ def test_a_hand_placed_file_is_not_called_downloaded(tiny, home, monkeypatch, se
     entry.mkdir(parents=True)
     for name, data in tiny.items():
         (entry / name).write_bytes(data)
-    hub.resolve_model("medium", offline=True)  # recorded on first use
+    resolve_model("medium", offline=True)  # recorded on first use
     (home.parent / "other").mkdir()
     (entry / "weights.hdf5").write_bytes(_tiny_model(home.parent / "other", seed=3)["weights.hdf5"])
     with pytest.raises(hub.ChecksumError) as e:
-        hub.resolve_model("medium", offline=True)
+        resolve_model("medium", offline=True)
     assert "since its sha256 was recorded on first use" in str(e.value)
     assert "placed in the cache by hand, not downloaded" in str(e.value)
     assert "since it was downloaded" not in str(e.value)
@@ -251,7 +257,7 @@ def test_a_hand_placed_file_is_not_called_downloaded(tiny, home, monkeypatch, se
 
 def test_a_failed_fetch_leaves_no_lock_file(server, home):
     with pytest.raises(hub.DownloadError):
-        hub.resolve_model(f"{server.url}/absent/", progress=False)
+        resolve_model(f"{server.url}/absent/", progress=False)
     assert list((home / "models" / ".locks").glob("*.lock")) == []
 
 
@@ -270,7 +276,7 @@ def test_a_manylangs_name_downloads_converts_and_loads(server, home, monkeypatch
             z.write(f, f"fr.model/{f.name}")
     server.routes.files["/nlpl/150.zip"] = buf.getvalue()
     monkeypatch.setenv(manylangs.URL_ENV, f"{server.url}/nlpl/")
-    entry = hub.resolve_model("manylangs/fr", progress=False)
+    entry = resolve_model("manylangs/fr", progress=False)
     assert entry.name == "manylangs-fr"
     assert {"options.json", "weights.hdf5", "char.dic", "word.dic", "download.json"} <= {p.name for p in entry.iterdir()}
     assert json.loads((entry / "download.json").read_text())["archive_sha256"] == _sha(buf.getvalue())
@@ -284,16 +290,16 @@ def test_a_manylangs_name_downloads_converts_and_loads(server, home, monkeypatch
     # From the official host, the released architecture is required: this tiny model is refused.
     monkeypatch.delenv(manylangs.URL_ENV)
     with pytest.raises(hub.ChecksumError, match=r"not the released 'manylangs/fr'"):
-        hub.resolve_model("manylangs/fr", offline=True)
+        resolve_model("manylangs/fr", offline=True)
 
 
 def test_a_manylangs_folder_placed_by_hand_is_converted_and_recorded(home, monkeypatch, server):
     monkeypatch.setenv(manylangs.URL_ENV, f"{server.url}/nowhere/")  # a mirror: no architecture check
     with pytest.raises(hub.OfflineError, match=r"download http://\S+/nowhere/177.zip and unzip it into"):
-        hub.resolve_model("manylangs/ur", offline=True)
+        resolve_model("manylangs/ur", offline=True)
     entry = home / "models" / "manylangs-ur"
     shutil.copytree(MANYLANGS / "zip", entry)
-    assert hub.resolve_model("manylangs/ur", offline=True) == entry
+    assert resolve_model("manylangs/ur", offline=True) == entry
     manifest = json.loads((entry / "download.json").read_text())
     assert manifest["origin"] == "placed in the cache by hand" and "weights.hdf5" in manifest["sha256"]
     assert Elmo.load("manylangs/ur", progress=False).config.vocab.n_words == 12

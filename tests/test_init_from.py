@@ -50,7 +50,7 @@ def _records(workdir, kind):
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     """A run here on domain A, exported: the source of the continued runs below."""
-    from elmo_jax.train.export import export
+    from elmo_jax.formats.training_run import export
 
     tmp = tmp_path_factory.mktemp("source")
     cfg = _cfg(tmp, _corpus(tmp / "a.txt", WORDS_A, 60, 0), model_overrides=MICRO, max_steps=3,
@@ -135,7 +135,7 @@ def test_softmax_rows_of_an_export_are_carried_bit_for_bit(exported, tmp_path):
         else:  # as a fresh run with this seed has it
             assert softmax["w"][i].tobytes() == np.asarray(fresh["params"]["softmax"]["w"][i]).tobytes()
     # The biLM is the export's, bit for bit.
-    from elmo_jax.weights import load_weights
+    from elmo_jax.formats.hdf5 import load_weights
 
     for x, y in zip(jax.tree.leaves(pretrained.bilm), jax.tree.leaves(load_weights(exported / "weights.hdf5",
                                                                                   pretrained.config))):

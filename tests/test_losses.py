@@ -47,7 +47,7 @@ def test_chunked_full_softmax_equals_unchunked(chunk):
     params = _params(jax.random.PRNGKey(0), 37, 8, scale=3.0)
     h = jax.random.normal(jax.random.PRNGKey(1), (6, 8))
     t = jnp.arange(6) * 6
-    f = lambda p, h: L.full_softmax_loss(p, h, t).sum()
+    f = lambda p, h: L.full_softmax_loss(p, h, t).sum()  # noqa: E731 - beside fc, a jitted lambda
     fc = jax.jit(lambda p, h: L.full_softmax_loss(p, h, t, chunk_size=chunk).sum())
     np.testing.assert_allclose(fc(params, h), f(params, h), rtol=1e-6)
     g, gc = jax.grad(f, argnums=(0, 1))(params, h), jax.grad(fc, argnums=(0, 1))(params, h)

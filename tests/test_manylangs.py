@@ -22,8 +22,10 @@ import jax
 import numpy as np
 import pytest
 
-from elmo_jax import Elmo, hub, manylangs
-from elmo_jax.torch_pickle import TorchFileError, load_state_dict
+from elmo_jax import Elmo, hub
+
+from elmo_jax.formats import manylangs
+from elmo_jax.formats.torch_pickle import TorchFileError, load_state_dict
 from tests.conftest import assert_close_across_programs
 
 DATA = Path(__file__).parent / "data" / "manylangs"

@@ -1,4 +1,4 @@
-"""Issue #37: one line where there were tracebacks, and messages that name the real problem
+"""One line where there were tracebacks, and messages that name the real problem
 (orbax's echoes of a failed read and its cleanup thread, a full disk while preparing text, a
 checkpoints path that is a file, a step that cannot fit in memory, NaN weights, the Flax
 bridge's dropout rng, mix_params keys).  The checkpoint faults that need a trained run are in
@@ -17,7 +17,7 @@ from flax import nnx
 from elmo_jax import Elmo
 from elmo_jax.errors import ElmoError
 from elmo_jax.nnx import ElmoLayer, batch_inputs
-from elmo_jax.weights import WeightFileError
+from elmo_jax.formats.hdf5 import WeightFileError
 
 from tests.conftest import REPO
 from tests.test_nnx import MICRO, SENTS, _random_elmo
@@ -175,7 +175,7 @@ def test_a_step_that_cannot_fit_is_refused_with_the_estimate(tmp_path, what):
     from elmo_jax.train.memory import MemoryEstimateError
 
     cfg = _train_cfg(tmp_path)
-    # 1e9 rows rather than the issue's 1e6: with this micro model 1e6 rows need about 17 GiB,
+    # 1e9 rows rather than 1e6: with this micro model 1e6 rows need about 17 GiB,
     # which a large machine has (and would then train with).
     cfg = (cfg.replace(batch_size=10 ** 9) if what == "batch_size=1e9"
            else cfg.replace(model_overrides={**cfg.model_overrides, "dim": 10 ** 8}))

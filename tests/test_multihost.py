@@ -91,7 +91,7 @@ def _run_job(workdir: Path, config_args: list[str], timeout: float = 240) -> Non
     workdir.mkdir(parents=True, exist_ok=True)
     procs = _start_job(workdir, config_args)
     try:
-        for i, p in enumerate(procs):
+        for p in procs:
             p.wait(timeout=timeout)
     finally:
         for p in procs:
@@ -112,7 +112,7 @@ def _params(workdir: Path, step: int):
     code = textwrap.dedent(f"""
         import json, jax, numpy as np
         from elmo_jax.train.checkpoints import Checkpoints
-        from elmo_jax.train.export import load_checkpoint_params
+        from elmo_jax.formats.training_run import load_checkpoint_params
         meta = Checkpoints({str(workdir)!r}).read_meta({step})
         loaded = load_checkpoint_params({str(workdir)!r}, step={step})
         print(json.dumps({{"meta": meta, "leaves": [np.asarray(x).tolist() for x in jax.tree.leaves(loaded.params)]}}))

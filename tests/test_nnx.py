@@ -13,7 +13,7 @@ import pytest
 from flax import linen, nnx
 
 from elmo_jax import Elmo, ElmoConfig
-from elmo_jax.embedder import n_row_buckets, time_buckets
+from elmo_jax.embedding.embedder import n_row_buckets, time_buckets
 from elmo_jax.errors import ElmoError
 from elmo_jax.finetune import pad_layers
 from elmo_jax.model import heads

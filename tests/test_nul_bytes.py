@@ -9,7 +9,7 @@ from elmo_jax.data import text_shards
 from elmo_jax.data import text_source as ts
 from elmo_jax.data.text_source import InMemorySource
 from elmo_jax.data.vocab import Vocabulary
-from elmo_jax.embed_input import scan_input
+from elmo_jax.embedding.embed_input import scan_input
 from elmo_jax.textio import NulByteError, TextEncodingError
 
 TEXT = b"the cat sat\non the mat\nthe \x00dog\x00 barked\nlast line\n"

@@ -155,7 +155,7 @@ def test_points_on_one_spot_stay_visible_with_their_counts(tmp_path, monkeypatch
 
 def test_the_optimum_line_says_it_bounds_held_out_text_only(tmp_path, monkeypatch):
     """Training batches (seen text) may go below the generator's optimum; the legend says why."""
-    from elmo_jax.data.synthetic import write_corpus
+    from elmo_jax.data.synthetic_corpus import write_corpus
     from elmo_jax.run_plots import plot_run
 
     figures = _capture_figures(monkeypatch)

@@ -9,13 +9,14 @@ import pytest
 
 from elmo_jax import probes as P
 from elmo_jax.data import synthetic as S
+from elmo_jax.data import synthetic_scores as SS
 
 
 @pytest.fixture(scope="module")
 def corpus():
     lang = S.make_language(0)
     rng = np.random.default_rng(10)
-    sents, labels = S.sample_corpus(lang, 1000, rng)
+    sents, labels = SS.sample_corpus(lang, 1000, rng)
     return lang, sents, labels
 
 
@@ -26,7 +27,7 @@ def _row(rows, view):
 def test_oracle_vectors_resolve_senses_by_side(corpus):
     """Exact posteriors: full layers ~100%, each half fails on the other side's words."""
     lang, sents, labels = corpus
-    emb = S.oracle_embeddings(lang, sents)
+    emb = SS.oracle_embeddings(lang, sents)
     rows = P.probe_table(emb, labels, sentences=sents, class_steps=100)
     assert [r["view"] for r in rows] == ["layer 0", "layer 1", "layer 1 fwd", "layer 1 bwd",
                                          "layer 2", "layer 2 fwd", "layer 2 bwd",
@@ -131,7 +132,7 @@ def test_bad_shapes_are_reported(corpus):
 def test_explicit_split_and_token_subsets(corpus):
     """Probes fitted on one set of sentences, scored on another, and on a flagged subset."""
     lang, sents, labels = corpus
-    emb = S.oracle_embeddings(lang, sents)
+    emb = SS.oracle_embeddings(lang, sents)
     is_test = np.arange(len(sents)) < 300  # first 300 sentences are the test side
     n_tokens = sum(len(s) for s in sents)
     test_tokens = np.concatenate([np.full(len(s), t) for s, t in zip(sents, is_test)])

@@ -20,7 +20,7 @@ def test_rates_keep_their_digits_at_any_size():
 def test_embed_reports_the_rate_of_a_few_tokens_in_a_long_run(tmp_path, monkeypatch, capsys):
     """12 tokens in 28.6 s is 0.420 tokens/s, not "0 tokens/s"."""
     from elmo_jax import embed_file as embed_file_module
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
 
     src = tmp_path / "in.txt"
     src.write_text("a b c\n" * 4, encoding="utf-8")
@@ -34,7 +34,7 @@ def test_embed_reports_the_rate_of_a_few_tokens_in_a_long_run(tmp_path, monkeypa
 
 @pytest.mark.parametrize("case", ["output exists", "no input", "no output folder"])
 def test_embed_refuses_what_it_can_before_loading_the_model(tmp_path, monkeypatch, capsys, case):
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
 
     def load(*a, **k):
         raise AssertionError("the model was loaded before the refusal")

@@ -50,8 +50,8 @@ def test_conv1d_backward_equals_autodiff_of_the_xla_convolution():
             return jax.lax.conv_general_dilated(x, w, (1,), "VALID", dimension_numbers=("NWC", "WIO", "NWC"))
 
         assert _rel(conv1d(x, w), xla(x, w)) <= 1e-6
-        ours = jax.grad(lambda x, w: jnp.sum(conv1d(x, w) * ct), argnums=(0, 1))(x, w)
-        ref = jax.grad(lambda x, w: jnp.sum(xla(x, w) * ct), argnums=(0, 1))(x, w)
+        ours = jax.grad(lambda x, w: jnp.sum(conv1d(x, w) * ct), argnums=(0, 1))(x, w)  # noqa: B023 - called here
+        ref = jax.grad(lambda x, w: jnp.sum(xla(x, w) * ct), argnums=(0, 1))(x, w)  # noqa: B023 - called here
         for a, b in zip(ours, ref):
             assert a.shape == b.shape and _rel(a, b) <= 1e-5
 

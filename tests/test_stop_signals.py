@@ -90,7 +90,7 @@ def test_sigterm_while_embedding_a_group_stops_it_at_once_with_143_and_resumes(t
     work goes on: status 143 (a stop, not bad input's 2), one line saying where it stopped, and
     the same command continues from the last checkpoint."""
     from elmo_jax.cli import main
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
 
     src = tmp_path / "in.txt"
     src.write_text("".join(f"w{i} x y\n" for i in range(24)), encoding="utf-8")
@@ -211,14 +211,14 @@ def test_kill_9_during_an_index_build_leaves_no_leaked_semaphore_warning(tmp_pat
 
 def test_sigterm_during_a_download_is_143(monkeypatch, capsys):
     """A download stopped by SIGTERM keeps its part and says so, with SIGTERM's status."""
-    from elmo_jax import hub
+    from elmo_jax import resolve
     from elmo_jax.cli import main
     from elmo_jax.train.stop import Stopped
 
-    def resolve(*a, **k):
+    def resolve_stopped(*a, **k):
         raise Stopped("SIGTERM")
 
-    monkeypatch.setattr(hub, "resolve_model", resolve)
+    monkeypatch.setattr(resolve, "resolve_model", resolve_stopped)
     assert main(["download", "small", "--no-progress"]) == 143
     assert "elmo-jax download: interrupted; the part already downloaded is kept" in capsys.readouterr().err
 
@@ -227,7 +227,7 @@ def test_a_stopped_process_of_a_multi_process_embed_says_where_in_one_line(monke
     """One process of a multi-process embed stopped by SIGTERM: 143 and one line, not an
     error's 2 (nor a traceback and 1)."""
     from elmo_jax import cli
-    from elmo_jax.embed_file import EmbedStopped
+    from elmo_jax.embedding.embed_file import EmbedStopped
 
     def exit_now(code):
         raise SystemExit(code)

@@ -11,6 +11,8 @@ import numpy as np
 import pytest
 
 from elmo_jax.data import synthetic as S
+from elmo_jax.data import synthetic_corpus as SC
+from elmo_jax.data import synthetic_scores as SS
 
 SMALL = dict(n_train=300, n_heldout=40)
 
@@ -39,9 +41,9 @@ def _brute_force_log_prob(language: S.SyntheticLanguage, tokens) -> float:
 
 
 def test_same_seed_gives_byte_identical_files_and_other_seed_differs(tmp_path):
-    a = S.write_corpus(tmp_path / "a", seed=7, **SMALL)
-    S.write_corpus(tmp_path / "b", seed=7, **SMALL)
-    S.write_corpus(tmp_path / "c", seed=8, **SMALL)
+    a = SC.write_corpus(tmp_path / "a", seed=7, **SMALL)
+    SC.write_corpus(tmp_path / "b", seed=7, **SMALL)
+    SC.write_corpus(tmp_path / "c", seed=8, **SMALL)
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
     assert names == ["heldout.labels.jsonl", "heldout.txt", "stats.json", "train.labels.jsonl",
                      "train.txt"]
@@ -144,8 +146,8 @@ def test_default_language_length_distribution_matches_sampler(lang):
 def test_senses_are_resolved_by_the_declared_side(lang):
     """Exact posteriors: left-resolved senses are known from the left only, etc."""
     rng = np.random.default_rng(4)
-    sents, labels = S.sample_corpus(lang, 1500, rng)
-    emb = S.oracle_embeddings(lang, sents)
+    sents, labels = SS.sample_corpus(lang, 1500, rng)
+    emb = SS.oracle_embeddings(lang, sents)
     n_states = len(lang.state_names)
     sense_state = {s: i for i, s in enumerate(lang.state_senses) if s}
     seen = Counter()
@@ -169,7 +171,7 @@ def test_senses_are_resolved_by_the_declared_side(lang):
 
 def test_labels_align_and_mark_every_polysemous_token(lang):
     rng = np.random.default_rng(5)
-    sents, labels = S.sample_corpus(lang, 2000, rng)
+    sents, labels = SS.sample_corpus(lang, 2000, rng)
     classes = set(lang.state_classes)
     for toks, lab in zip(sents, labels):
         assert len(lab["classes"]) == len(lab["senses"]) == len(lab["resolved_by"]) == len(toks)
@@ -185,8 +187,8 @@ def test_labels_align_and_mark_every_polysemous_token(lang):
 
 def test_heldout_has_unseen_inflections_of_seen_stems(lang, tmp_path):
     rng = np.random.default_rng(6)
-    train, _ = S.sample_corpus(lang, 5000, rng)
-    heldout, _ = S.sample_corpus(lang, 1000, rng)
+    train, _ = SS.sample_corpus(lang, 5000, rng)
+    heldout, _ = SS.sample_corpus(lang, 1000, rng)
     seen = {w for s in train for w in s}
     seen_stems = {lang.lemmas[w] for w in seen if w in lang.lemmas}
     unseen = {w for s in heldout for w in s} - seen
@@ -197,13 +199,13 @@ def test_heldout_has_unseen_inflections_of_seen_stems(lang, tmp_path):
         core = form[2:] if form.startswith(("re", "un")) and not form.startswith(stem) else form
         assert core[: max(1, len(stem) - 1)] == stem[: max(1, len(stem) - 1)], (form, stem)
     # the default corpus (what `python train.py` trains on) has them too, counted in stats
-    stats = S.write_corpus(tmp_path / "c")
+    stats = SC.write_corpus(tmp_path / "c")
     assert stats["heldout_unseen_forms_of_seen_stems"] >= 30
 
 
 def test_zipf_like_frequencies(lang):
     rng = np.random.default_rng(7)
-    sents, _ = S.sample_corpus(lang, 5000, rng)
+    sents, _ = SS.sample_corpus(lang, 5000, rng)
     counts = np.array(sorted(Counter(w for s in sents for w in s).values(), reverse=True))
     assert len(counts) > 500
     slope = (math.log(counts[499]) - math.log(counts[9])) / (math.log(500) - math.log(10))
@@ -211,7 +213,7 @@ def test_zipf_like_frequencies(lang):
 
 
 def test_optimum_below_bigram_below_unigram(tmp_path):
-    stats = S.write_corpus(tmp_path / "c", seed=0, n_train=3000, n_heldout=300)
+    stats = SC.write_corpus(tmp_path / "c", seed=0, n_train=3000, n_heldout=300)
     # collapsing unseen forms into <UNK> can only make the text more predictable
     assert stats["optimum_heldout_perplexity_train_vocab"] < stats["optimum_heldout_perplexity"]
     assert stats["optimum_heldout_perplexity_train_vocab"] < stats["bigram_heldout_perplexity"]
@@ -224,13 +226,13 @@ def test_optimum_below_bigram_below_unigram(tmp_path):
 
 
 def test_load_corpus_round_trip(tmp_path):
-    S.write_corpus(tmp_path / "c", seed=2, **SMALL)
+    SC.write_corpus(tmp_path / "c", seed=2, **SMALL)
     lang = S.make_language(2)
     rng = np.random.default_rng(np.random.SeedSequence([2, 1]))
-    train, train_labels = S.sample_corpus(lang, SMALL["n_train"], rng)
-    sents, labels = S.load_corpus(tmp_path / "c", "train")
+    train, train_labels = SS.sample_corpus(lang, SMALL["n_train"], rng)
+    sents, labels = SC.load_corpus(tmp_path / "c", "train")
     assert sents == train and labels == train_labels
-    held, _ = S.load_corpus(tmp_path / "c")
+    held, _ = SC.load_corpus(tmp_path / "c")
     assert len(held) == SMALL["n_heldout"]
 
 
@@ -246,52 +248,52 @@ def test_load_corpus_round_trip(tmp_path):
 def test_bad_arguments_are_named(tmp_path, kwargs, exc, name):
     args = dict(SMALL, **kwargs)
     with pytest.raises(exc, match=name):
-        S.write_corpus(tmp_path / "x", **args)
+        SC.write_corpus(tmp_path / "x", **args)
     assert list(tmp_path.iterdir()) == []
 
 
 def test_refuses_non_empty_dir_unless_overwrite(tmp_path):
     out = tmp_path / "c"
     out.mkdir()
-    S.write_corpus(out, seed=1, **SMALL)  # an empty folder is fine
+    SC.write_corpus(out, seed=1, **SMALL)  # an empty folder is fine
     (out / "mine.txt").write_text("keep me")
     before = (out / "train.txt").read_bytes()
     with pytest.raises(FileExistsError, match="overwrite"):
-        S.write_corpus(out, seed=2, **SMALL)
+        SC.write_corpus(out, seed=2, **SMALL)
     assert (out / "mine.txt").read_text() == "keep me"
     assert (out / "train.txt").read_bytes() == before
-    S.write_corpus(out, seed=2, overwrite=True, **SMALL)
+    SC.write_corpus(out, seed=2, overwrite=True, **SMALL)
     assert not (out / "mine.txt").exists()
     assert (out / "train.txt").read_bytes() != before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c"]  # no temporary folders left
     f = tmp_path / "file"
     f.write_text("x")
     with pytest.raises(NotADirectoryError):
-        S.write_corpus(f, **SMALL)
+        SC.write_corpus(f, **SMALL)
 
 
 def test_failure_leaves_nothing_behind(tmp_path, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("disk on fire")
 
-    monkeypatch.setattr(S, "ngram_baselines", boom)  # fails after the text files are written
+    monkeypatch.setattr(SS, "ngram_baselines", boom)  # fails after the text files are written
     with pytest.raises(RuntimeError, match="disk on fire"):
-        S.write_corpus(tmp_path / "new", **SMALL)
+        SC.write_corpus(tmp_path / "new", **SMALL)
     assert list(tmp_path.iterdir()) == []
     # an existing corpus survives a failed overwrite untouched
     monkeypatch.undo()
-    S.write_corpus(tmp_path / "old", seed=1, **SMALL)
+    SC.write_corpus(tmp_path / "old", seed=1, **SMALL)
     before = {p.name: p.read_bytes() for p in (tmp_path / "old").iterdir()}
-    monkeypatch.setattr(S, "ngram_baselines", boom)
+    monkeypatch.setattr(SS, "ngram_baselines", boom)
     with pytest.raises(RuntimeError):
-        S.write_corpus(tmp_path / "old", seed=2, overwrite=True, **SMALL)
+        SC.write_corpus(tmp_path / "old", seed=2, overwrite=True, **SMALL)
     assert {p.name: p.read_bytes() for p in (tmp_path / "old").iterdir()} == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old"]
 
 
 def test_corpus_command(tmp_path, capsys):
     parser = argparse.ArgumentParser(prog="elmo-jax")
-    S.add_corpus_command(parser.add_subparsers(dest="command"))
+    SC.add_corpus_command(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["corpus", str(tmp_path / "c"), "--seed", "3", "--n-train", "200",
                               "--n-heldout", "30"])
     assert args.func(args) == 0
@@ -314,17 +316,17 @@ def test_domain_b_shifts_vocabulary_and_senses_and_leaves_domain_a_alone(lang, t
     rng = np.random.default_rng(0)
 
     def money_share(language):
-        _, labels = S.sample_corpus(language, 4000, rng)
+        _, labels = SS.sample_corpus(language, 4000, rng)
         senses = Counter(s for lab in labels for s in lab["senses"] if s.startswith("bank#"))
         return senses["bank#money"] / sum(senses.values())
 
     assert money_share(lang) > 0.45 and money_share(b) < 0.3  # 0.55 in domain a, 0.2 in b
     # The most frequent nouns differ: the Zipf ranks are reshuffled.
-    top = {name: Counter(w for s in S.sample_corpus(lg, 2000, np.random.default_rng(1))[0] for w in s
+    top = {name: Counter(w for s in SS.sample_corpus(lg, 2000, np.random.default_rng(1))[0] for w in s
                          if lg.lemmas.get(w) and not w.endswith("s")).most_common(10)
            for name, lg in (("a", lang), ("b", b))}
     assert len({w for w, _ in top["a"]} & {w for w, _ in top["b"]}) < 5
-    stats = S.write_corpus(tmp_path / "b", domain="b", **SMALL)
-    assert stats["domain"] == "b" and "domain" not in S.write_corpus(tmp_path / "a", **SMALL)
+    stats = SC.write_corpus(tmp_path / "b", domain="b", **SMALL)
+    assert stats["domain"] == "b" and "domain" not in SC.write_corpus(tmp_path / "a", **SMALL)
     with pytest.raises(ValueError, match="domain must be one of 'a', 'b'"):
         S.make_language(0, domain="c")

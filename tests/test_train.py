@@ -267,7 +267,7 @@ def test_derived_files_from_an_earlier_start_follow_the_config(tmp_path, capsys)
 
 def test_export_refuses_to_replace_the_workdir(tmp_path):
     from elmo_jax.errors import ElmoError
-    from elmo_jax.train.export import export
+    from elmo_jax.formats.training_run import export
 
     run = tmp_path / "runs" / "a"
     train(_cfg(tmp_path, max_steps=3), str(run), progress=False)
@@ -364,11 +364,11 @@ def test_a_stop_signal_during_the_final_evaluation_is_obeyed(tmp_path, monkeypat
 
 def test_report_uses_the_optimum_of_the_models_vocabulary(tmp_path):
     from elmo_jax import Elmo
-    from elmo_jax.data import synthetic
+    from elmo_jax.data import synthetic_corpus
     from elmo_jax.train.report import synthetic_report
 
-    synthetic.write_corpus(tmp_path / "corpus", n_train=400)
-    train_words = sorted({w for s in synthetic.load_corpus(tmp_path / "corpus", "train")[0] for w in s})
+    synthetic_corpus.write_corpus(tmp_path / "corpus", n_train=400)
+    train_words = sorted({w for s in synthetic_corpus.load_corpus(tmp_path / "corpus", "train")[0] for w in s})
     elmo = Elmo.random("tiny", seed=0)
     ev = {"perplexity": 50.0, "fwd_perplexity": 50.0, "bwd_perplexity": 50.0}
 

@@ -5,7 +5,7 @@ import pytest
 
 from elmo_jax import ElmoConfig
 from elmo_jax.model.bilm import init_params
-from elmo_jax.weights import WeightFileError, expected_shapes, load_weights, save_weights
+from elmo_jax.formats.hdf5 import WeightFileError, expected_shapes, load_weights, save_weights
 
 
 def _datasets(path):

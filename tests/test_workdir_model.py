@@ -33,7 +33,7 @@ def run(tmp_path_factory):
 
 
 def test_workdir_loads_as_its_newest_checkpoint_and_is_exported_once(run, tmp_path, monkeypatch, capsys):
-    from elmo_jax.train.export import load_checkpoint_params
+    from elmo_jax.formats.training_run import load_checkpoint_params
 
     monkeypatch.setenv("ELMO_JAX_HOME", str(tmp_path / "cache"))
     before = sorted(os.listdir(run))

@@ -1,4 +1,4 @@
-"""Data worker processes under faults (issue #37): none outlives its trainer (kill -9 or
+"""Data worker processes under faults: none outlives its trainer (kill -9 or
 SIGTERM during text preparation or the token index build), a Ctrl-C is one line, a worker
 killed during training is replaced without changing a batch, closing never waits on a dead
 or stuck worker, and a script without a ``__main__`` guard gets an error naming the fix.

@@ -63,7 +63,7 @@ def _loop(path):
 
 def test_a_symlink_loop_is_named_as_one(tmp_path, capsys):
     from elmo_jax import hub
-    from elmo_jax.embed_input import scan_input
+    from elmo_jax.embedding.embed_input import scan_input
     from elmo_jax.train.checkpoints import Checkpoints
     from elmo_jax.train.workdir import check_writable
 

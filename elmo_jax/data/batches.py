@@ -1,5 +1,8 @@
 """The original's pretraining batches, as a deterministic, checkpointable numpy iterator.
 
+(Over 500 lines: the chunk encoders, the per-row streams and :class:`LMBatcher` are the stages
+of one iterator whose resumable state they share; the encoders are the part that could leave.)
+
 Layout (ELMo §3, the TensorFlow trainer's scheme)
 -------------------------------------------------
 * Each of the ``B`` rows of a batch is its own continuous stream of sentences

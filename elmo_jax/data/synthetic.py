@@ -1,5 +1,11 @@
 """The project's own training corpus: a seeded hidden Markov language with a known optimum.
 
+Three modules, one job each: this one is the language (the HMM, its grammar and word forms:
+over 500 lines because the grammar's word lists and frames are data that belong with the code
+that compiles them); :mod:`~elmo_jax.data.synthetic_scores` samples and scores it (the optimum,
+n-gram baselines, oracle embeddings); :mod:`~elmo_jax.data.synthetic_corpus` writes and reads
+the corpus files and holds the ``elmo-jax corpus`` command.
+
 ``python train.py`` and the tests need text that is free to make, needs no download and
 whose best achievable perplexity is known exactly.  This module builds such a language.
 
@@ -27,7 +33,7 @@ It has
   earlier words carry no information, and each sense leads to words only it can be followed
   by), and words resolved by *both* sides.  A forward language model alone can therefore not
   tell the senses of right-resolved words apart, a backward one not those of left-resolved
-  words; :func:`oracle_embeddings` gives the exact posteriors that an ideal model would hold;
+  words; :func:`~elmo_jax.data.synthetic_scores.oracle_embeddings` gives the exact posteriors that an ideal model would hold;
 * a Zipf-like word-frequency tail and sentence lengths from 1 to about 40 tokens.
 
 Scoring
@@ -35,12 +41,12 @@ Scoring
 :meth:`SyntheticLanguage.log_prob` is the exact log-probability of a token sequence including
 the end-of-sentence event, summed over all state paths with the forward algorithm (scaled
 forward recursion: every step is renormalised and the log of the scale is accumulated, which
-is the log-space computation without ``logsumexp`` cost).  :func:`optimum_perplexity` turns it
+is the log-space computation without ``logsumexp`` cost).  :func:`~elmo_jax.data.synthetic_scores.optimum_perplexity` turns it
 into the perplexity of the true distribution, ``exp(-sum log p(s) / sum (len(s) + 1))`` -- the
 ``+1`` is the ``</S>`` prediction.  By the chain rule the same number is the optimum for a
 forward *and* for a backward language model, so it is the floor for ELMo's reported
-``exp(0.5 * (loss_fwd + loss_bwd))``.  :func:`ngram_baselines` gives unigram and bigram
-perplexities for contrast.
+``exp(0.5 * (loss_fwd + loss_bwd))``.  :func:`~elmo_jax.data.synthetic_scores.ngram_baselines`
+gives unigram and bigram perplexities for contrast.
 
 Domains
 -------
@@ -58,11 +64,11 @@ from a random stream of its own, so the stems the two domains share are the same
 
 Corpus files
 ------------
-:func:`write_corpus` writes ``train.txt``, ``heldout.txt`` (one sentence a line, tokens
+:func:`elmo_jax.data.synthetic_corpus.write_corpus` writes ``train.txt``, ``heldout.txt`` (one sentence a line, tokens
 separated by single spaces, UTF-8), ``train.labels.jsonl`` / ``heldout.labels.jsonl``
 (per sentence ``{"classes": [...], "senses": [...], "resolved_by": [...]}`` aligned with the
 tokens; ``"-"`` marks tokens without a sense) and ``stats.json``.  The same seed gives
-byte-identical files.  :func:`add_corpus_command` registers ``elmo-jax corpus``.
+byte-identical files.  ``elmo-jax corpus`` is its command line.
 
 Default size (:data:`DEFAULT_N_TRAIN` = 40,000 training sentences, about 300k tokens, mean
 length 7.6, lengths 1..40; :data:`DEFAULT_N_HELDOUT` = 2,000 held-out sentences, about 15.7k
@@ -75,40 +81,25 @@ unigram 327.
 
 from __future__ import annotations
 
-import argparse
 import bisect
 import dataclasses
-import json
 import math
-import os
-import shutil
-import tempfile
-from collections import Counter
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from elmo_jax.atomic import new_mode
-from elmo_jax.data.vocab import BOS, EOS, UNK
-
+from elmo_jax.data.vocab import EOS, UNK
 __all__ = [
     "DEFAULT_N_HELDOUT",
     "DOMAINS",
     "DEFAULT_N_TRAIN",
     "DEFAULT_SEED",
     "FRAMES",
+    "NO_SENSE",
     "SyntheticLanguage",
-    "add_corpus_command",
-    "load_corpus",
     "make_language",
-    "ngram_baselines",
-    "optimum_perplexity",
-    "oracle_embeddings",
     "random_language",
-    "sample_corpus",
-    "write_corpus",
 ]
 
 DEFAULT_SEED = 0
@@ -842,135 +833,6 @@ def random_language(seed: int, n_states: int = 3, n_words: int = 4, end_prob: fl
     )
 
 
-# --------------------------------------------------------------------------------------
-# Sampling, optimum, baselines
-# --------------------------------------------------------------------------------------
-
-
-def sample_corpus(language: SyntheticLanguage, n: int, rng: np.random.Generator
-                  ) -> tuple[list[list[str]], list[dict[str, list[str]]]]:
-    """``n`` sentences and their label dicts (``classes``, ``senses``, ``resolved_by``)."""
-    sentences, labels = [], []
-    for _ in range(n):
-        toks, classes, senses = language.sample_sentence(rng)
-        sentences.append(toks)
-        resolved = [language.polysemous[s.split("#", 1)[0]]["side"] if s != NO_SENSE else NO_SENSE
-                    for s in senses]
-        labels.append({"classes": classes, "senses": senses, "resolved_by": resolved})
-    return sentences, labels
-
-
-def optimum_perplexity(language: SyntheticLanguage, sentences: Sequence[Sequence[str]],
-                       known: Sequence[str] | None = None) -> float:
-    """Perplexity of the true distribution: ``exp(-sum log p(s) / sum (len(s) + 1))``.
-
-    No language model can do better in expectation (forward or backward).  With ``known``,
-    forms outside it are collapsed into one ``<UNK>`` event (see
-    :meth:`SyntheticLanguage.log_probs`): the optimum for a model with that closed vocabulary.
-    """
-    if not sentences:
-        raise ValueError("sentences is empty")
-    lp = language.log_probs(sentences, known=known)
-    n = sum(len(s) + 1 for s in sentences)
-    return float(math.exp(-lp.sum() / n))
-
-
-def ngram_baselines(train: Sequence[Sequence[str]], heldout: Sequence[Sequence[str]],
-                    k: float = 0.1, discount: float = 0.75) -> dict[str, float]:
-    """Unigram and bigram perplexities (trained on ``train``, measured on ``heldout``).
-
-    Events are the training forms, ``</S>`` and ``<UNK>`` (held-out forms not seen in
-    training are scored as ``<UNK>``; the same convention as ``optimum_perplexity(...,
-    known=train_vocab)``).  One prediction per token plus one for ``</S>``.
-
-    * unigram: add-``k``; ``<UNK>`` gets the count of training singletons (the Good-Turing
-      estimate of the unseen mass);
-    * bigram: interpolated absolute discounting (``discount``) over ``<S>`` + tokens, backing
-      off to the unigram; an unseen history uses the unigram alone.
-    """
-    uni = Counter()
-    bi: dict[str, Counter] = {}
-    for s in train:
-        prev = BOS
-        for w in list(s) + [END]:
-            uni[w] += 1
-            bi.setdefault(prev, Counter())[w] += 1
-            prev = w
-    n1 = sum(1 for w, c in uni.items() if c == 1 and w != END)
-    counts = dict(uni)
-    counts[UNK] = max(n1, 1)
-    total = sum(counts.values()) + k * len(counts)
-
-    def p_uni(w: str) -> float:
-        return (counts.get(w, counts[UNK]) + k) / total
-
-    def norm(w: str) -> str:
-        return w if w in uni else UNK
-
-    hist = {h: (sum(c.values()), len(c)) for h, c in bi.items()}
-    lp_u = lp_b = 0.0
-    n = 0
-    for s in heldout:
-        prev = BOS
-        for w in [norm(x) for x in s] + [END]:
-            pu = p_uni(w)
-            lp_u += math.log(pu)
-            if prev in bi:
-                tot, types = hist[prev]
-                pb = max(bi[prev].get(w, 0) - discount, 0.0) / tot + discount * types / tot * pu
-            else:
-                pb = pu
-            lp_b += math.log(pb)
-            n += 1
-            prev = w
-    return {"unigram": math.exp(-lp_u / n), "bigram": math.exp(-lp_b / n)}
-
-
-def oracle_embeddings(language: SyntheticLanguage, sentences: Sequence[Sequence[str]],
-                      n_layers: int = 2) -> list[np.ndarray]:
-    """What an ideal biLM would know, in the layout of ``Elmo.embed``: ``[L+1, n, 2S]``.
-
-    Layer 0 is ``[e; e]`` with ``e`` the state posterior given the word alone (uniform
-    prior); every LSTM layer is ``[forward ; backward]`` where *forward* is the filtering
-    posterior ``p(state_t | w_1..w_t)`` and *backward* ``p(state_t | w_t..w_n, </S>)``
-    (uniform prior on ``state_t``).  Probes on these vectors show what each direction can
-    know at best; the forward half cannot resolve right-resolved words and vice versa.
-    """
-    out = []
-    idx = language._word_index  # noqa: SLF001 - same module
-    for s in sentences:
-        unknown = [w for w in s if w not in idx]
-        if unknown or not s:
-            raise ValueError(f"cannot embed {list(s)!r}: empty or with forms the language "
-                             f"lacks ({unknown[:5]})")
-        ids = [idx[w] for w in s]
-        e = language.emit[:, ids].T  # [n, S]
-        n, n_states = e.shape
-        fwd = np.zeros((n, n_states))
-        a = language.start * e[0]
-        fwd[0] = a / a.sum()
-        for t in range(1, n):
-            a = (fwd[t - 1] @ language.trans) * e[t]
-            fwd[t] = a / a.sum()
-        beta = np.zeros((n, n_states))
-        b = language.end.copy()
-        beta[n - 1] = b / max(b.sum(), 1e-300)
-        for t in range(n - 2, -1, -1):
-            b = language.trans @ (e[t + 1] * beta[t + 1])
-            beta[t] = b / max(b.sum(), 1e-300)
-        bwd = e * beta
-        bwd /= bwd.sum(1, keepdims=True)
-        tok = e / e.sum(1, keepdims=True)
-        layers = [np.concatenate([tok, tok], 1)] + [np.concatenate([fwd, bwd], 1)] * n_layers
-        out.append(np.stack(layers).astype(np.float32))
-    return out
-
-
-# --------------------------------------------------------------------------------------
-# Corpus files
-# --------------------------------------------------------------------------------------
-
-
 def _check_seed(seed: Any) -> int:
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise TypeError(f"seed must be a non-negative integer, got {seed!r}")
@@ -985,193 +847,3 @@ def _check_positive(name: str, value: Any) -> int:
     if value <= 0:
         raise ValueError(f"{name} must be a positive integer, got {value}")
     return int(value)
-
-
-def _write_lines(path: Path, lines: Iterable[str]) -> None:
-    with open(path, "w", encoding="utf-8", newline="\n") as f:
-        for line in lines:
-            f.write(line)
-            f.write("\n")
-
-
-def write_corpus(out_dir: str | os.PathLike, seed: int = DEFAULT_SEED,
-                 n_train: int = DEFAULT_N_TRAIN, n_heldout: int = DEFAULT_N_HELDOUT,
-                 overwrite: bool = False, domain: str = "a") -> dict[str, Any]:
-    """Generates the corpus into ``out_dir`` and returns the summary written to ``stats.json``.
-
-    Files: ``train.txt``, ``heldout.txt``, ``train.labels.jsonl``, ``heldout.labels.jsonl``,
-    ``stats.json``.  Everything is built in a temporary sibling directory that is renamed to
-    ``out_dir`` at the end, so a failure leaves nothing behind.  An existing non-empty
-    ``out_dir`` is refused unless ``overwrite``.  The same arguments give byte-identical files.
-    ``domain="b"``: the shifted second domain (module docstring, "Domains"); its
-    ``stats.json`` says ``"domain": "b"``.
-
-    Raises:
-      TypeError / ValueError: a bad ``seed`` / ``n_train`` / ``n_heldout`` (the message names it).
-      FileExistsError: ``out_dir`` is a non-empty directory and ``overwrite`` is false.
-      NotADirectoryError: ``out_dir`` exists and is not a directory.
-    """
-    seed = _check_seed(seed)
-    n_train = _check_positive("n_train", n_train)
-    n_heldout = _check_positive("n_heldout", n_heldout)
-    _check_domain(domain)
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"out_dir {str(out)!r} exists and is not a directory")
-    if out.is_dir() and any(out.iterdir()) and not overwrite:
-        raise FileExistsError(
-            f"out_dir {str(out)!r} is not empty; pass overwrite=True (--overwrite) to replace it")
-    out.parent.mkdir(parents=True, exist_ok=True)
-
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
-        os.chmod(tmp, new_mode(folder=True))  # a folder's usual mode, not mkdtemp's 0o700
-        stats = _build_corpus(tmp, seed, n_train, n_heldout, domain)
-        if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.rmdir(trash)
-            os.rename(out, trash)
-            try:
-                os.rename(tmp, out)
-            except BaseException:
-                os.rename(trash, out)
-                raise
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.rename(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return stats
-
-
-def _build_corpus(d: Path, seed: int, n_train: int, n_heldout: int, domain: str = "a") -> dict[str, Any]:
-    language = make_language(seed, domain=domain)
-    rng = np.random.default_rng(np.random.SeedSequence([seed, 1]))
-    train, train_labels = sample_corpus(language, n_train, rng)
-    heldout, heldout_labels = sample_corpus(language, n_heldout, rng)
-    for name, sents, labels in (("train", train, train_labels),
-                                ("heldout", heldout, heldout_labels)):
-        _write_lines(d / f"{name}.txt", (" ".join(s) for s in sents))
-        _write_lines(d / f"{name}.labels.jsonl",
-                     (json.dumps(lab, ensure_ascii=False, separators=(",", ":")) for lab in labels))
-    train_vocab = sorted({w for s in train for w in s})
-    heldout_tokens = [w for s in heldout for w in s]
-    train_set = set(train_vocab)
-    train_stems = {language.lemmas[w] for w in train_vocab if w in language.lemmas}
-    lens = [len(s) for s in train]
-    base = ngram_baselines(train, heldout)
-    sense_counts = Counter(x for lab in train_labels for x in lab["senses"] if x != NO_SENSE)
-    stats = {
-        "seed": seed,
-        "n_train_sentences": n_train,
-        "n_heldout_sentences": n_heldout,
-        "n_train_tokens": sum(lens),
-        "n_heldout_tokens": len(heldout_tokens),
-        "language_vocab_size": len(language.vocab),
-        "n_states": len(language.state_names),
-        "train_vocab_size": len(train_vocab),
-        "heldout_oov_tokens": sum(1 for w in heldout_tokens if w not in train_set),
-        "heldout_unseen_forms_of_seen_stems": sum(
-            1 for w in heldout_tokens
-            if w not in train_set and language.lemmas.get(w) in train_stems),
-        "sentence_length": {"min": min(lens), "max": max(lens), "mean": sum(lens) / len(lens)},
-        "perplexity_convention": "exp(-sum log p / sum(len+1)); the +1 is </S>",
-        "optimum_heldout_perplexity": optimum_perplexity(language, heldout),
-        "optimum_heldout_perplexity_train_vocab": optimum_perplexity(language, heldout,
-                                                                     known=train_vocab),
-        "optimum_train_perplexity": optimum_perplexity(language, train),
-        "unigram_heldout_perplexity": base["unigram"],
-        "bigram_heldout_perplexity": base["bigram"],
-        "polysemous": [
-            {"word": w, "side": info["side"],
-             "senses": info["senses"],
-             "train_counts": {s: sense_counts[f"{w}#{s}"] for s in info["senses"]}}
-            for w, info in language.polysemous.items()],
-        "classes": sorted(set(language.state_classes)),
-    }
-    if domain != "a":  # domain a's file stays as it always was
-        stats["domain"] = domain
-    with open(d / "stats.json", "w", encoding="utf-8", newline="\n") as f:
-        json.dump(stats, f, ensure_ascii=False, indent=2, sort_keys=True)
-        f.write("\n")
-    return stats
-
-
-def load_corpus(corpus_dir: str | os.PathLike, split: str = "heldout"
-                ) -> tuple[list[list[str]], list[dict[str, list[str]]]]:
-    """Reads ``{split}.txt`` and ``{split}.labels.jsonl`` back: ``(sentences, labels)``."""
-    d = Path(corpus_dir)
-    if split not in ("train", "heldout"):
-        raise ValueError(f"split must be 'train' or 'heldout', got {split!r}")
-    with open(d / f"{split}.txt", encoding="utf-8") as f:
-        sentences = [line.rstrip("\n").split(" ") for line in f if line.rstrip("\n")]
-    with open(d / f"{split}.labels.jsonl", encoding="utf-8") as f:
-        labels = [json.loads(line) for line in f if line.strip()]
-    if len(labels) != len(sentences):
-        raise ValueError(f"{d}: {len(sentences)} sentences but {len(labels)} label lines")
-    for i, (s, lab) in enumerate(zip(sentences, labels)):
-        if len(lab["classes"]) != len(s) or len(lab["senses"]) != len(s):
-            raise ValueError(f"{d}/{split}: labels of sentence {i} do not match its tokens")
-    return sentences, labels
-
-
-# --------------------------------------------------------------------------------------
-# Command line
-# --------------------------------------------------------------------------------------
-
-
-def _format_summary(stats: dict[str, Any], out_dir: str) -> str:
-    lines = [
-        f"wrote {out_dir}: {stats['n_train_sentences']} train sentences "
-        f"({stats['n_train_tokens']} tokens), {stats['n_heldout_sentences']} held-out "
-        f"({stats['n_heldout_tokens']} tokens), seed {stats['seed']}",
-        f"vocabulary: {stats['train_vocab_size']} forms in train; "
-        f"{stats['heldout_oov_tokens']} held-out tokens unseen in train "
-        f"({stats['heldout_unseen_forms_of_seen_stems']} of them new forms of stems seen in train)",
-        "held-out perplexity (per token incl. </S>):",
-        f"  optimum (true distribution)       {stats['optimum_heldout_perplexity']:8.2f}",
-        "  optimum, train vocab + <UNK>      "
-        f"{stats['optimum_heldout_perplexity_train_vocab']:8.2f}",
-        f"  bigram baseline (train vocab+UNK) {stats['bigram_heldout_perplexity']:8.2f}",
-        f"  unigram baseline (train vocab+UNK){stats['unigram_heldout_perplexity']:8.2f}",
-        "polysemous words: " + ", ".join(f"{p['word']} ({p['side']})" for p in stats["polysemous"]),
-    ]
-    return "\n".join(lines)
-
-
-def _run_corpus_command(args: argparse.Namespace) -> int:
-    import sys
-
-    try:
-        stats = write_corpus(args.out_dir, seed=args.seed, n_train=args.n_train,
-                             n_heldout=args.n_heldout, overwrite=args.overwrite, domain=args.domain)
-    except (TypeError, ValueError, FileExistsError, NotADirectoryError) as e:
-        print(f"elmo-jax corpus: error: {e}", file=sys.stderr)
-        return 2
-    print(_format_summary(stats, str(args.out_dir)))
-    return 0
-
-
-def add_corpus_command(subparsers) -> argparse.ArgumentParser:
-    """Registers ``corpus OUT_DIR [--seed N] [--n-train N] [--n-heldout N] [--overwrite]``.
-
-    ``subparsers`` is what ``ArgumentParser.add_subparsers()`` returns; the handler is set as
-    ``func`` (call ``args.func(args)``; it returns the exit status).
-    """
-    p = subparsers.add_parser(
-        "corpus", help="write the built-in synthetic corpus (with its known optimum)",
-        description="Generate the seeded synthetic English/Chinese corpus with gold word "
-                    "classes and senses, and print its optimum and n-gram perplexities.")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="folder to create (must be empty or new)")
-    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help="generator seed (default 0)")
-    p.add_argument("--n-train", type=int, default=DEFAULT_N_TRAIN,
-                   help=f"training sentences (default {DEFAULT_N_TRAIN})")
-    p.add_argument("--n-heldout", type=int, default=DEFAULT_N_HELDOUT,
-                   help=f"held-out sentences (default {DEFAULT_N_HELDOUT})")
-    p.add_argument("--domain", choices=DOMAINS, default="a",
-                   help="a: the default language; b: a second domain with shifted vocabulary and "
-                        "word senses, for continued pretraining (default a)")
-    p.add_argument("--overwrite", action="store_true", help="replace a non-empty OUT_DIR")
-    p.set_defaults(func=_run_corpus_command)
-    return p

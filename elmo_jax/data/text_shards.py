@@ -108,7 +108,7 @@ def _decode(block: bytes, path: str, begin: int) -> str:
         for raw in block.split(b"\n"):
             decode_line(raw, path, lineno)  # raises for the first bad line, naming it
             lineno += 1
-        raise AssertionError("unreachable: a block that does not decode has a line that does not")
+        raise AssertionError("unreachable: a block that does not decode has a line that does not") from None
     return text[1:] if begin == 0 and text.startswith(UTF8_BOM) else text
 
 

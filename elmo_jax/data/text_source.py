@@ -1,6 +1,10 @@
 """Random-access sentence sources for pretraining: local text, TFDS ``lm1b``, the extracted
 1B Word Benchmark.  TensorFlow is never imported.
 
+(Over 500 lines: the sources share one TFDS-reading base, and local text's one-time
+preparation -- parallel, resumable, disk-full aware -- is most of the module; that preparation
+is the part that could leave.)
+
 Every source implements :class:`SentenceSource`: ``len(src)`` sentences, ``src[i]`` is
 sentence ``i`` as a token list (no ``<S>``/``</S>``), ``src.get_batch(indices)`` reads several
 at once, ``src.num_tokens()`` counts the words of all sentences (markers excluded).

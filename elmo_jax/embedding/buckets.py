@@ -1,6 +1,6 @@
 """Padded shapes: which ``(rows, time)`` a group of sentences is padded to.
 
-The rules are those of :mod:`elmo_jax.embedder`'s docstring (the ladder of scan lengths,
+The rules are those of :mod:`elmo_jax.embedding.embedder`'s docstring (the ladder of scan lengths,
 power-of-two row buckets capped at the batch size); on ``n_devices`` devices a row bucket is
 rounded up to a multiple of ``n_devices`` so that every device holds the same number of rows.
 """

@@ -7,7 +7,7 @@
 
 ``compiled_shapes`` lists the ``(rows, time)`` of ``forward``; ``compiled_cache_shapes`` the
 ``("encoder", n)`` and ``("lstm", rows, time)`` of the cache path.  Each is compiled once
-per input sharding, so the sets bound the compilations (see :mod:`elmo_jax.embedder`).
+per input sharding, so the sets bound the compilations (see :mod:`elmo_jax.embedding.embedder`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ import numpy as np
 
 from elmo_jax.atomic import atomic_path
 from elmo_jax.errors import ElmoError
-from elmo_jax.weights import hdf5_damage
+from elmo_jax.formats.hdf5 import hdf5_damage
 
 # A token cache read from a file is used under any matmul precision.
 ANY_PRECISION = object()

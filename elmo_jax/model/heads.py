@@ -3,7 +3,7 @@
 * :func:`scalar_mix` — the paper's head: ``gamma * sum_j softmax(s)_j * h_j``, optionally
   layer-normalising each layer first (mean and variance over the unmasked tokens and all
   features of that layer).
-* :func:`component_head` — the brief's head: the ``1 + 2L`` components (token layer,
+* :func:`component_head` — the components head: the ``1 + 2L`` components (token layer,
   forward layers 1..L, backward layers 1..L; each ``P`` wide) concatenated per token and
   multiplied by one trainable ``[(1 + 2L) P, out_dim]`` matrix (``out_dim`` 512 by default).
 

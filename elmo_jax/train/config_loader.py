@@ -1,5 +1,7 @@
 """Training configs as Python files, with ``--config.KEY=VALUE`` command-line overrides.
 
+(Over 500 lines: a third is :class:`TrainConfig`'s fields, each with its documentation.)
+
 A config file (``configs/tiny.py`` and friends) defines ``get_config()`` returning a
 :class:`TrainConfig` (or a dict of its fields)::
 
@@ -323,9 +325,7 @@ def _model_hints() -> dict:
 
 
 def _repo_root() -> Path:
-    import elmo_jax
-
-    return Path(elmo_jax.__file__).resolve().parents[1]
+    return Path(__file__).resolve().parents[2]  # elmo_jax/train/config_loader.py
 
 
 def resolve_config_path(path: str | os.PathLike) -> Path:

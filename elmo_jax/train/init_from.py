@@ -8,7 +8,7 @@
 * another run's workdir (``config.json`` + ``checkpoints/``): its latest checkpoint, with its
   softmax and ``vocab.txt``;
 * anything else: a released model's name or a URL, resolved to a folder by
-  :func:`elmo_jax.hub.resolve_model` (downloaded once into the cache).
+  :func:`elmo_jax.resolve.resolve_model` (downloaded once into the cache).
 
 What the new run takes from there:
 
@@ -40,10 +40,10 @@ import numpy as np
 
 from elmo_jax.config import CharCNNConfig, ElmoConfig, LSTMConfig
 from elmo_jax.data.vocab import Vocabulary
-from elmo_jax.hub import resolve_model
+from elmo_jax.resolve import resolve_model
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.workdir import TrainingError
-from elmo_jax.weights import check_finite_weights
+from elmo_jax.formats.hdf5 import check_finite_weights
 
 SOFTMAX_FILE = "softmax.hdf5"  # what elmo-jax export writes beside the model (train.export)
 VOCAB_FILE = "vocab.txt"
@@ -153,7 +153,7 @@ def resolve_folder(spec: str, *, progress: bool = True) -> str:
 
 def _from_workdir(folder: str) -> Pretrained:
     from elmo_jax.train.checkpoints import CheckpointError
-    from elmo_jax.train.export import load_checkpoint_params
+    from elmo_jax.formats.training_run import load_checkpoint_params
 
     try:
         loaded = load_checkpoint_params(folder)
@@ -165,7 +165,7 @@ def _from_workdir(folder: str) -> Pretrained:
 
 
 def _from_model_folder(folder: str) -> Pretrained:
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
 
     elmo = Elmo.load(folder)
     if elmo.config.vocab is not None:

@@ -46,9 +46,10 @@ def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, ev
     all) and evaluated on up to ``max_sentences`` held-out sentences; the class probe is also
     scored on the held-out tokens whose form never occurs in the training text.
     """
-    from elmo_jax.data.synthetic import NO_SENSE, load_corpus
+    from elmo_jax.data.synthetic import NO_SENSE
+    from elmo_jax.data.synthetic_corpus import load_corpus
     from elmo_jax.data.vocab import SPECIALS
-    from elmo_jax.embedder import Elmo
+    from elmo_jax.embedding.embedder import Elmo
     from elmo_jax.probes import format_probe_table, probe_table
 
     with open(os.path.join(corpus_dir, "stats.json"), encoding="utf-8") as f:
@@ -97,6 +98,7 @@ def heldout_optimum(stats: dict, heldout: Sequence[Sequence[str]], seen: set[str
     ``<UNK>`` for it; the optimum scores them the same way, so the two are comparable."""
     if words is None or words == seen:
         return stats["optimum_heldout_perplexity_train_vocab"]
-    from elmo_jax.data.synthetic import make_language, optimum_perplexity
+    from elmo_jax.data.synthetic import make_language
+    from elmo_jax.data.synthetic_scores import optimum_perplexity
 
     return optimum_perplexity(make_language(stats["seed"]), heldout, known=sorted(words))

@@ -104,7 +104,7 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
     process_index = jax.process_index()
     corpus_dir = None
     if cfg.data == "synthetic":
-        from elmo_jax.data import synthetic
+        from elmo_jax.data import synthetic, synthetic_corpus
 
         if cfg.heldout is not None:
             message = ("data='synthetic' evaluates on the corpus's own held-out sentences (their optimum is "
@@ -127,7 +127,7 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
         if not os.path.exists(stats_path):
             if process_index == 0:
                 log(f"writing the embedded synthetic corpus to {corpus_dir}")
-                synthetic.write_corpus(corpus_dir, seed=cfg.seed, overwrite=True, n_train=n_train)
+                synthetic_corpus.write_corpus(corpus_dir, seed=cfg.seed, overwrite=True, n_train=n_train)
             else:
                 _wait_for(stats_path)
         train_spec = os.path.join(corpus_dir, "train.txt")

@@ -1,7 +1,7 @@
 """Embed a text file into HDF5, streaming and resumable: the ``elmo-jax embed`` command.
 
-Input: one sentence per line (:mod:`elmo_jax.embed_input`; an empty line is an empty
-sentence, ``[L+1, 0, 2P]``).  Output: one of the layouts of :mod:`elmo_jax.embed_layouts`
+Input: one sentence per line (:mod:`elmo_jax.embedding.embed_input`; an empty line is an empty
+sentence, ``[L+1, 0, 2P]``).  Output: one of the layouts of :mod:`elmo_jax.embedding.embed_layouts`
 (``allennlp`` by default, ``packed``, ``sentence_vectors``), read back by
 :func:`elmo_jax.read_embeddings`.
 
@@ -11,7 +11,7 @@ then embedded one group of ``group_lines`` lines at a time with ``Elmo.embed``: 
 a group, not the input.  Groups are a function of line numbers only.
 
 Resuming: the partial output lives in ``OUTPUT.partial/`` (``data.hdf5`` + ``progress.json``,
-:mod:`elmo_jax.embed_state`).  After each group the data is flushed and fsynced, then the
+:mod:`elmo_jax.embedding.embed_state`).  After each group the data is flushed and fsynced, then the
 progress is written atomically.  Run the same command after a kill -9, a SIGTERM or Ctrl-C
 (which stop within seconds: after the checkpoint being written, if one is) or a full disk and
 it continues from the first line not counted, cutting off what was written after the last
@@ -41,8 +41,8 @@ import time
 from elmo_jax.train.stop import Stopped, stopped_by
 
 from elmo_jax.atomic import OutputIsInputError, new_mode, refuse_output_over_inputs, replace_dir, write_json
-from elmo_jax.embed_input import GROUP_LINES, MAX_TOKENS, InputScan, read_group, read_sentences, scan_input
-from elmo_jax import embed_layouts, embed_state
+from elmo_jax.embedding.embed_input import GROUP_LINES, MAX_TOKENS, InputScan, read_group, read_sentences, scan_input
+from elmo_jax.embedding import embed_layouts, embed_state
 from elmo_jax.errors import ElmoError
 
 FILE_LAYERS = ("all", "top", "average")

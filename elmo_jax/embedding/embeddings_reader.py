@@ -7,7 +7,7 @@
         emb.line(i)         # its 0-based line in the input
         for v in emb: ...   # in order
 
-Layouts (:mod:`elmo_jax.embed_layouts`): ``allennlp`` (also files written by other tools in
+Layouts (:mod:`elmo_jax.embedding.embed_layouts`): ``allennlp`` (also files written by other tools in
 that layout), ``packed``, ``sentence_vectors``; a folder with ``manifest.json`` is a
 multi-process run's shards, read as one.  Only what is asked for is read.  In the
 ``allennlp`` layout a sentence's text comes from ``sentence_to_index``, which keeps the last
@@ -23,7 +23,7 @@ import os
 import h5py
 import numpy as np
 
-from elmo_jax.embed_layouts import LAYOUT_ATTR, RUN_ATTR
+from elmo_jax.embedding.embed_layouts import LAYOUT_ATTR, RUN_ATTR
 from elmo_jax.errors import ElmoError
 
 

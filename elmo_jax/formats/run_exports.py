@@ -1,9 +1,9 @@
 """A training workdir used as a model: its newest checkpoint, exported once into the cache.
 
 ``Elmo.load("runs/tiny")``, ``elmo-jax embed ... --model runs/tiny``, ``ElmoLayer("runs/tiny")``
-and the examples' model argument all reach :func:`elmo_jax.hub.resolve_model`, which hands a
+and the examples' model argument all reach :func:`elmo_jax.resolve.resolve_model`, which hands a
 folder that :func:`is_training_workdir` recognises to :func:`workdir_model`.  That exports
-the run's newest checkpoint with :func:`elmo_jax.train.export.export` (the same files as
+the run's newest checkpoint with :func:`elmo_jax.formats.training_run.export` (the same files as
 ``elmo-jax export``) into::
 
     $ELMO_JAX_HOME/runs/<run folder name>-<hash of its real path>/step-<N>-<checkpoint stamp>/
@@ -25,7 +25,7 @@ from typing import Callable
 
 from elmo_jax.errors import ElmoError
 
-RUNS_FOLDER = "runs"  # under the hub's cache home
+RUNS_FOLDER = "runs"  # under the cache root the resolver passes
 
 
 def is_training_workdir(path: str | os.PathLike) -> bool:
@@ -41,10 +41,10 @@ def workdir_model(workdir: str | os.PathLike, cache_root: str | os.PathLike, *,
     newest checkpoint, exported into ``cache_root/runs`` on first use (module docstring).
 
     Raises :class:`ElmoError` for a workdir without a checkpoint, and what
-    :func:`elmo_jax.train.export.export` raises for a damaged one (naming ``--step``)."""
-    from elmo_jax.embedder import OPTIONS_FILE, WEIGHTS_FILE
+    :func:`elmo_jax.formats.training_run.export` raises for a damaged one (naming ``--step``)."""
+    from elmo_jax.formats.hdf5 import OPTIONS_FILE, WEIGHTS_FILE
     from elmo_jax.train.checkpoints import Checkpoints
-    from elmo_jax.train.export import export
+    from elmo_jax.formats.training_run import export
 
     if log is None:
         log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731
@@ -58,6 +58,7 @@ def workdir_model(workdir: str | os.PathLike, cache_root: str | os.PathLike, *,
     if step is None:
         raise ElmoError(f"{workdir} is a training workdir without a checkpoint yet: train it first "
                         f"(`elmo-jax train --workdir {workdir}`), or give a model folder")
+    assert checkpoint is not None
     stamp = os.stat(checkpoint).st_mtime_ns
     run_key = f"{os.path.basename(real) or 'run'}-{hashlib.sha256(real.encode()).hexdigest()[:12]}"
     runs = Path(cache_root) / RUNS_FOLDER / run_key

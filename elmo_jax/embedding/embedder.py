@@ -1,5 +1,7 @@
 """``Elmo``: load a model, embed sentences, save it — the notebook entry point.
 
+(About 500 lines: the facade over :mod:`elmo_jax.embedding`'s pieces, and its docstrings.)
+
     elmo = Elmo.load("path/to/model")            # options.json + weights.hdf5
     vectors = elmo.embed(["She went to the bank .", ["tokens", "as", "a", "list"]])
     vectors[0].shape                             # (L+1, n_tokens, 2P)
@@ -91,10 +93,9 @@ from elmo_jax.embedding.token_cache import (ANY_PRECISION, TokenCache, check_voc
 from elmo_jax.errors import ElmoError
 from elmo_jax.model.bilm import init_params
 from elmo_jax.model.precision import compute_dtype
-from elmo_jax.weights import load_weights, save_weights
+from elmo_jax.formats.folder import read_files
+from elmo_jax.formats.hdf5 import OPTIONS_FILE, WEIGHTS_FILE, save_weights
 
-OPTIONS_FILE = "options.json"
-WEIGHTS_FILE = "weights.hdf5"
 # Above this many sentences, ``embed(progress=None)`` shows a progress bar.
 PROGRESS_THRESHOLD = 1000
 # How many groups the host thread prepares ahead of the devices.
@@ -108,7 +109,7 @@ class Elmo:
     ``embed(..., stateful=True)`` the state is carried from call to call (row ``i`` of a
     batch continues row ``i`` of the previous one), the originals' behaviour;
     :meth:`reset_state` forgets it.  ``devices``: ``None`` (every local device), a count
-    (the first ``n``) or a list of devices; see "Devices" in :mod:`elmo_jax.embedder`.
+    (the first ``n``) or a list of devices; see "Devices" in :mod:`elmo_jax.embedding.embedder`.
     """
 
     def __init__(self, config: ElmoConfig, params: dict, batch_size: int = 64, dtype: str = "float32",
@@ -200,57 +201,29 @@ class Elmo:
         ``vocab.txt`` and ``softmax.hdf5``, are ignored).  Folders of the released models,
         with one ``*options*.json`` and one ``*weights*.hdf5`` under other names, load too.
         ``model_dir`` may also be a released model's name (``"original"``) or an http(s)
-        URL: :func:`elmo_jax.hub.resolve_model` downloads it once into the cache; or a
+        URL: :func:`elmo_jax.resolve.resolve_model` downloads it once into the cache; or a
         training workdir: its newest checkpoint, exported once into the cache
-        (:mod:`elmo_jax.workdir_model`).  ``progress=False`` turns the download's progress
+        (:mod:`elmo_jax.formats.run_exports`).  ``progress=False`` turns the download's progress
         bar off.  A folder of HIT-SCIR's ELMoForManyLangs (``config.json``, ``char.dic``,
         ``word.dic``, ``*.pkl``) is converted once into the model cache
-        (:mod:`elmo_jax.manylangs`) and read from there.
+        (:mod:`elmo_jax.formats.manylangs`) and read from there.
         Raises ``FileNotFoundError`` naming a missing file and
-        :class:`elmo_jax.weights.WeightFileError` naming the first dataset that does not
+        :class:`elmo_jax.formats.hdf5.WeightFileError` naming the first dataset that does not
         fit the options.  ``devices``: as for :class:`Elmo`.
         """
         if model_dir is not None:
             if options_file is not None or weight_file is not None:
                 raise ValueError("give either model_dir or options_file + weight_file, not both")
-            model_dir = os.fspath(model_dir)
-            from elmo_jax import hub
-            from elmo_jax.workdir_model import is_training_workdir
+            from elmo_jax.resolve import read_model
 
-            if (not os.path.exists(model_dir) and hub.is_model_spec(model_dir)) or is_training_workdir(model_dir):
-                # a released model's name or a URL: the cached copy; a run's workdir: its export
-                model_dir = os.fspath(hub.resolve_model(model_dir, progress=progress))
-            if os.path.isfile(model_dir):
-                raise ElmoError(
-                    f"{model_dir} is a file; Elmo.load takes the model folder "
-                    f"({os.path.dirname(model_dir) or '.'}), or options_file= and weight_file="
-                )
-            if not os.path.isdir(model_dir):
-                from elmo_jax import hub
-
-                raise FileNotFoundError(f"model folder not found: {model_dir}" + hub._suggestion(model_dir))
-            from elmo_jax import manylangs
-
-            if manylangs.is_manylangs_folder(model_dir) and not os.path.exists(os.path.join(model_dir, OPTIONS_FILE)):
-                model_dir = os.fspath(manylangs.cached_conversion(model_dir))  # converted once, then HDF5
-            options_file = _find_file(model_dir, OPTIONS_FILE, "options", ".json")
-            weight_file = _find_file(model_dir, WEIGHTS_FILE, "weights", ".hdf5")
+            model = read_model(model_dir, progress=progress)
         elif options_file is None or weight_file is None:
             raise ValueError("Elmo.load needs model_dir, or both options_file and weight_file")
-        if not os.path.exists(options_file):
-            raise FileNotFoundError(f"options file not found: {options_file}")
-        config = ElmoConfig.from_json_file(options_file)
-        token_ids = None
-        if config.vocab is not None:  # a converted ELMoForManyLangs model: its .dic files lie beside
-            from elmo_jax import manylangs
-
-            folder = os.path.dirname(os.path.abspath(options_file))
-            manylangs.check_vocab_files(folder, config)
-            token_ids = manylangs.VocabIds.from_folder(folder, config)
-        elmo = cls(config, load_weights(weight_file, config), batch_size=batch_size, dtype=dtype,
-                   token_ids=token_ids, devices=devices)
-        elmo.source_files = {"model's options file": os.path.abspath(options_file),
-                             "model's weight file": os.path.abspath(weight_file)}
+        else:
+            model = read_files(options_file, weight_file)
+        elmo = cls(model.config, model.params, batch_size=batch_size, dtype=dtype, token_ids=model.token_ids,
+                   devices=devices)
+        elmo.source_files = {"model's options file": model.options_file, "model's weight file": model.weight_file}
         return elmo
 
     @classmethod
@@ -537,25 +510,6 @@ class Elmo:
         ids[: len(words)] = self.token_ids.tokens_to_ids(words)
         self.compiled_cache_shapes.add(("encoder", n))
         return np.asarray(self._encode(self.params, self.config, ids))[: len(words)]
-
-
-def _find_file(model_dir: str, preferred_name: str, keyword: str, suffix: str) -> str:
-    preferred = os.path.join(model_dir, preferred_name)
-    if os.path.exists(preferred):
-        return preferred
-    candidates = sorted(f for f in os.listdir(model_dir) if f.endswith(suffix) and keyword in f)
-    if len(candidates) == 1:
-        return os.path.join(model_dir, candidates[0])
-    if not candidates:
-        raise FileNotFoundError(
-            f"{model_dir} has no {preferred_name} (nor another *{keyword}*{suffix} file); "
-            f"a model folder holds {OPTIONS_FILE} and {WEIGHTS_FILE} (`elmo-jax export WORKDIR DIR` "
-            f"writes one from a training run; a run's workdir itself also works once it has a checkpoint)"
-        )
-    raise FileNotFoundError(
-        f"{model_dir} has several {keyword} files ({', '.join(candidates)}) and no "
-        f"{preferred_name}; pass {'options_file' if keyword == 'options' else 'weight_file'}= explicitly"
-    )
 
 
 __all__ = ["Elmo", "ConfigError", "time_bucket", "time_buckets", "row_bucket", "scan_length_bucket",

@@ -3,7 +3,7 @@
 ``export(workdir, out_dir)`` writes::
 
     out_dir/options.json    the architecture, in the released models' spelling
-    out_dir/weights.hdf5    the biLM in the released HDF5 layout (elmo_jax.weights)
+    out_dir/weights.hdf5    the biLM in the released HDF5 layout (elmo_jax.formats.hdf5)
     out_dir/vocab.txt       the target vocabulary (one token per line)
     out_dir/softmax.hdf5    the shared softmax: datasets softmax/W [V, P], softmax/b [V]
 
@@ -28,14 +28,14 @@ import numpy as np
 from elmo_jax.atomic import owned_temp_dir, process_alive, replace_dir
 from elmo_jax.config import ElmoConfig
 from elmo_jax.data.vocab import Vocabulary
-from elmo_jax.embedder import OPTIONS_FILE, WEIGHTS_FILE
+from elmo_jax.formats.hdf5 import OPTIONS_FILE, WEIGHTS_FILE
 from elmo_jax.errors import ElmoError, refuse_symlink_loop
 from elmo_jax.train.checkpoints import Checkpoints, DamagedCheckpointError, check_vocabulary_size
 from elmo_jax.train.config_loader import TrainConfig
 from elmo_jax.train.step import init_train_state, make_optimizer
 from elmo_jax.train.workdir import check_run_inputs
 from elmo_jax.model.lstm import zero_state
-from elmo_jax.weights import check_finite_weights, params_to_datasets, save_weights
+from elmo_jax.formats.hdf5 import check_finite_weights, params_to_datasets, save_weights
 
 SOFTMAX_FILE = "softmax.hdf5"
 VOCAB_FILE = "vocab.txt"

@@ -5,7 +5,7 @@ architecture JSON, which may be missing: the package then uses its own ``configs
 two files :data:`SHIPPED_ARCHITECTURES` repeats), ``char.dic`` and ``word.dic`` (``token<TAB>id``
 per line; a line with one field is the ideographic space U+3000) and the PyTorch state dicts
 ``token_embedder.pkl`` and ``encoder.pkl`` (the released 2018 files in torch's pre-1.6
-layout; both layouts are read by :mod:`elmo_jax.torch_pickle`, without torch).
+layout; both layouts are read by :mod:`elmo_jax.formats.torch_pickle`, without torch).
 
 :func:`convert` writes the model in this package's layout: ``options.json`` with a ``vocab``
 section (:class:`elmo_jax.config.VocabConfig`), ``weights.hdf5`` (with ``word_embed``) and
@@ -45,8 +45,8 @@ import numpy as np
 from elmo_jax.atomic import atomic_path, write_json
 from elmo_jax.config import CharCNNConfig, ConfigError, ElmoConfig, LSTMConfig, VocabConfig
 from elmo_jax.errors import ElmoError
-from elmo_jax.torch_pickle import load_state_dict
-from elmo_jax.weights import save_weights
+from elmo_jax.formats.torch_pickle import load_state_dict
+from elmo_jax.formats.hdf5 import save_weights
 
 CONFIG_FILE = "config.json"
 CHAR_DIC = "char.dic"
@@ -361,7 +361,7 @@ def params_from_state_dicts(config: ElmoConfig, token_sd: dict, encoder_sd: dict
             b = enc(f"{pre}.state_linearity.bias", (4 * h,))
             w_p = enc(f"{pre}.state_projection.weight", (p, h))
             i, fg, j, o = (slice(k * h, (k + 1) * h) for k in range(4))
-            order = lambda a: np.concatenate([a[i], a[j], a[fg], a[o]])  # noqa: E731 - i f j o -> i j f o
+            order = lambda a: np.concatenate([a[i], a[j], a[fg], a[o]])  # noqa: E731, B023 - i f j o -> i j f o; used in this pass only
             bias = order(b)
             bias[2 * h : 3 * h] -= 1.0  # the forget bias 1.0 is added at run time here
             per_direction.append({"w_x": order(w_x).T, "w_h": order(w_h).T, "b": bias, "w_p": w_p.T})
@@ -401,13 +401,12 @@ def _fingerprint(folder: Path) -> str:
     return h.hexdigest()[:16]
 
 
-def cached_conversion(folder: str | os.PathLike, models_dir: str | os.PathLike | None = None) -> Path:
-    """The converted copy of the ELMoForManyLangs ``folder`` in the model cache, converting it
-    on first use (and again after any of its files changed); complete or absent."""
-    from elmo_jax import hub
-
+def cached_conversion(folder: str | os.PathLike, models_dir: str | os.PathLike) -> Path:
+    """The converted copy of the ELMoForManyLangs ``folder`` in ``models_dir`` (the resolver
+    passes the model cache), converting it on first use (and again after any of its files
+    changed); complete or absent."""
     folder = Path(folder)
-    models_dir = Path(models_dir) if models_dir is not None else hub.cache_home() / "models"
+    models_dir = Path(models_dir)
     entry = models_dir / f"manylangs-{folder.resolve().name[:32]}-{_fingerprint(folder)}"
     if (entry / "options.json").is_file():
         return entry

@@ -11,7 +11,7 @@ direction ``d`` (0 forward, 1 backward) and LSTM layer ``l``)::
                                              .../B     [4H]       gates i, j, f, o
                                              .../W_P_0 [H, P]
 
-A vocabulary model (``config.vocab``, :mod:`elmo_jax.manylangs`) has ``char_embed``
+A vocabulary model (``config.vocab``, :mod:`elmo_jax.formats.manylangs`) has ``char_embed``
 ``[n_chars, D]``, ``word_embed [n_words, W]`` (no padding rows on disk) and
 ``CNN_proj/W_proj [W + F, P]`` (word vector rows first), present even where ``W + F == P``
 (a byte model has ``CNN_proj`` only where ``F != P``).
@@ -19,6 +19,9 @@ A vocabulary model (``config.vocab``, :mod:`elmo_jax.manylangs`) has ``char_embe
 The forget-gate bias 1.0 is not stored (it is added at run time), so no conversion is
 needed for it; the padding row of the char table is prepended on load and dropped on save.
 Loading then saving gives the same datasets bit for bit.
+
+A model folder holds ``options.json`` + ``weights.hdf5``; the released models' folders name
+them ``*options*.json`` and ``*weights*.hdf5`` (:func:`model_files` finds either).
 """
 
 from __future__ import annotations
@@ -34,6 +37,9 @@ from elmo_jax.atomic import atomic_path
 from elmo_jax.config import ElmoConfig
 from elmo_jax.errors import ElmoError
 from elmo_jax.textio import HDF5_SIGNATURE
+
+OPTIONS_FILE = "options.json"
+WEIGHTS_FILE = "weights.hdf5"
 
 
 class WeightFileError(ElmoError, ValueError):
@@ -243,3 +249,30 @@ def save_weights(params: dict, config: ElmoConfig, path: str | os.PathLike) -> N
     with atomic_path(path) as tmp, h5py.File(tmp, "w") as f:
         for name, array in params_to_datasets(params, config).items():
             f.create_dataset(name, data=array)
+
+
+def model_files(model_dir: str | os.PathLike) -> tuple[str, str]:
+    """The options and weight files of the model folder ``model_dir``: ``options.json`` and
+    ``weights.hdf5``, else its one ``*options*.json`` and one ``*weights*.hdf5``."""
+    model_dir = os.fspath(model_dir)
+    return (_find_file(model_dir, OPTIONS_FILE, "options", ".json"),
+            _find_file(model_dir, WEIGHTS_FILE, "weights", ".hdf5"))
+
+
+def _find_file(model_dir: str, preferred_name: str, keyword: str, suffix: str) -> str:
+    preferred = os.path.join(model_dir, preferred_name)
+    if os.path.exists(preferred):
+        return preferred
+    candidates = sorted(f for f in os.listdir(model_dir) if f.endswith(suffix) and keyword in f)
+    if len(candidates) == 1:
+        return os.path.join(model_dir, candidates[0])
+    if not candidates:
+        raise FileNotFoundError(
+            f"{model_dir} has no {preferred_name} (nor another *{keyword}*{suffix} file); "
+            f"a model folder holds {OPTIONS_FILE} and {WEIGHTS_FILE} (`elmo-jax export WORKDIR DIR` "
+            f"writes one from a training run; a run's workdir itself also works once it has a checkpoint)"
+        )
+    raise FileNotFoundError(
+        f"{model_dir} has several {keyword} files ({', '.join(candidates)}) and no "
+        f"{preferred_name}; pass {'options_file' if keyword == 'options' else 'weight_file'}= explicitly"
+    )
