@@ -220,7 +220,7 @@ def _draw_stacks(ax, xy, senses, spots, stack_of, names, colours, labelled: int 
     for k, (x, y) in enumerate(spots):
         members = senses[stack_of == k]
         present = [(sense, colour) for sense, colour in zip(names, colours) if np.any(members == sense)]
-        for rank, (sense, colour) in enumerate(present):
+        for rank, (_, colour) in enumerate(present):
             size = 36.0 * (len(present) - rank) ** 2
             ax.scatter([x], [y], s=size, color=colour, edgecolors="white", linewidths=0.8, zorder=3 + rank)
         if n_labels < labelled and len(present) > 1 and len(members) >= share * len(senses):

@@ -72,8 +72,8 @@ def test_a_symlink_loop_is_named_as_one(tmp_path, capsys):
     two.symlink_to("b")
     (tmp_path / "b").symlink_to("a")  # a -> b -> a
     for path in (loop, two):
-        for call in (lambda: check_writable(str(path)), lambda: scan_input(path, 1, 1),
-                     lambda: hub.resolve_model(str(path))):
+        for call in (lambda p=path: check_writable(str(p)), lambda p=path: scan_input(p, 1, 1),
+                     lambda p=path: hub.resolve_model(str(p))):
             with pytest.raises(Exception, match=f"{path} is a symbolic link loop .*remove the link") as raised:
                 call()
             assert "File exists" not in str(raised.value) and "is a file" not in str(raised.value)

@@ -132,7 +132,7 @@ def _raise_or_exit(message: Callable[[str], str]):
             exit_now(EXIT_STOPPED[signum], message(name))
         raise KeyboardInterrupt if signum == signal.SIGINT else Stopped(name)
 
-    handler.stops_cleanly = True
+    handler.stops_cleanly = True  # type: ignore[attr-defined]  # marks our own handlers
     return handler
 
 
@@ -184,7 +184,7 @@ def stop_cleanly(message: Callable[[str], str], *, at_once: bool = False) -> Non
         def handler(signum, frame):
             exit_now(EXIT_STOPPED[signum], message(signal.Signals(signum).name))
 
-        handler.stops_cleanly = True
+        handler.stops_cleanly = True  # type: ignore[attr-defined]  # marks our own handlers
     else:
         handler = _raise_or_exit(message)
     _install(handler, message)
