@@ -11,7 +11,7 @@ import tempfile
 import time
 from collections.abc import Callable
 
-from elmo_jax.errors import USER_ERRORS, ElmoError
+from elmo_jax.errors import USER_ERRORS, ElmoError, refuse_symlink_loop
 from elmo_jax.embedding.embed_input import GROUP_LINES, MAX_TOKENS
 
 
@@ -243,6 +243,7 @@ def _embed_refusals_before_loading(input_path: str, output_path: str, overwrite:
     (which takes from seconds to a minute): a missing input, an output that exists without
     --overwrite, a missing output folder.  The same messages as ``embed_file``'s."""
     input_path, output_path = os.path.abspath(input_path), os.path.abspath(output_path)
+    refuse_symlink_loop(input_path)
     if not os.path.exists(input_path):
         raise FileNotFoundError(f"input file not found: {input_path}")
     if os.path.exists(output_path) and not overwrite:
