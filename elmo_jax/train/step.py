@@ -159,8 +159,21 @@ def train_step(
     dtype=jnp.float32,
     axis_name: str | None = None,
     remat_steps: int = 0,
+    sparse_negatives: int = 0,
 ) -> tuple[dict, dict, dict]:
-    """One update -> (new train state, new LSTM state, metrics of the global batch)."""
+    """One update -> (new train state, new LSTM state, metrics of the global batch).
+
+    ``sparse_negatives > 0``: the sampled softmax with that many negatives, the softmax
+    updated on its touched rows only (Adagrad; ``loss_fn`` is then not used), see
+    :mod:`elmo_jax.train.sparse_softmax`."""
+    if sparse_negatives > 0:
+        from elmo_jax.train.sparse_softmax import sparse_train_step
+
+        return sparse_train_step(
+            train_state, lstm_state, batch, sample_rng, dropout_rng, config=config, optimizer=optimizer,
+            num_negatives=sparse_negatives, dropout_rate=dropout_rate, dtype=dtype, axis_name=axis_name,
+            remat_steps=remat_steps,
+        )
     params = train_state["params"]
 
     def objective(p):
