@@ -169,6 +169,7 @@ class _Walker:
         self.computations = computations
         self.by_name = {c: {i.name: i for i in insts} for c, insts in computations.items()}
         self._flops_cache: dict[str, float] = {}
+        self.records: list[tuple[float, float, int, str, str, str]] = []  # bytes, flops, trips, comp, name, op
 
     # -- FLOPs inside a computation, fusions included ----------------------------------
     def flops_of(self, comp: str) -> float:
@@ -215,24 +216,39 @@ class _Walker:
         fused = _attr(inst.attrs, "calls") or ""
         body = self.computations.get(fused, [])
         params = {i.name: _param_index(i) for i in body if i.opcode == "parameter"}
-        users: dict[str, list[Instruction]] = {}
-        for i in body:
-            for o in i.operands:
-                users.setdefault(o, []).append(i)
         read = 0.0
         for pname, index in params.items():
-            if index >= len(inst.operands):
-                continue
-            uses = users.get(pname, [])
-            if uses and all(u.opcode in _SLICING and u.operands[0] == pname for u in uses):
-                read += sum(shape_elements_and_bytes(u.shape)[1] for u in uses)
-            elif uses and all(u.opcode in ("dynamic-update-slice", "scatter") and u.operands[0] == pname
-                              for u in uses):
-                read += 0.0  # updated in place
-            else:
-                read += self._operand_bytes(comp, inst.operands[index])
+            if index < len(inst.operands):
+                full = self._operand_bytes(comp, inst.operands[index])
+                read += min(full, self._param_read(fused, pname, full, 0))
         root = next((i for i in body if i.is_root), None)
         return read + self._written(fused, root, inst.shape)
+
+    def _param_read(self, comp: str, name: str, full: float, depth: int) -> float:
+        """Bytes read of the value ``name`` of fused computation ``comp`` (``full`` if read
+        whole): only its slices where it is only sliced, nothing where it is only updated in
+        place, following bitcasts and nested fusions."""
+        if depth > 16:
+            return full
+        read = 0.0
+        for user in (i for i in self.computations.get(comp, []) if name in i.operands):
+            if user.opcode in _SLICING and user.operands[0] == name:
+                read += shape_elements_and_bytes(user.shape)[1]
+            elif user.opcode in ("dynamic-update-slice", "scatter") and user.operands[0] == name:
+                continue
+            elif user.opcode == "bitcast":
+                read += self._param_read(comp, user.name, full, depth + 1)
+            elif user.opcode == "fusion":
+                inner = _attr(user.attrs, "calls") or ""
+                params = {_param_index(i): i.name for i in self.computations.get(inner, []) if i.opcode == "parameter"}
+                for k, o in enumerate(user.operands):
+                    if o == name and k in params:
+                        read += self._param_read(inner, params[k], full, depth + 1)
+            else:
+                return full
+            if read >= full:
+                return full
+        return read
 
     def _written(self, comp: str, root: Instruction | None, shape: str) -> float:
         if root is None:
@@ -264,7 +280,7 @@ class _Walker:
         return out + sum(self._operand_bytes(comp, o) for o in inst.operands)
 
     # -- the walk -----------------------------------------------------------------------
-    def cost(self, comp: str, depth: int = 0) -> Cost:
+    def cost(self, comp: str, depth: int = 0, trips_outside: int = 1) -> Cost:
         if depth > 64:
             raise ValueError("HLO computations nest deeper than 64 levels")
         total = ZERO
@@ -272,19 +288,24 @@ class _Walker:
             if inst.opcode == "while":
                 body, cond = _attr(inst.attrs, "body"), _attr(inst.attrs, "condition")
                 trips = self.trip_count(comp, inst, cond)
-                inner = self.cost(body, depth + 1) + self.cost(cond, depth + 1)
+                inner = (self.cost(body, depth + 1, trips_outside * (trips or 1))
+                         + self.cost(cond, depth + 1, trips_outside * (trips or 1)))
                 found = Cost(0.0, 0.0, ((inst.name, trips or 1),), 0 if trips else 1)
                 total = total + found + inner.times(trips or 1)
             elif inst.opcode == "conditional":
                 branches = re.findall(r"%([\w.\-]+)", _attr(inst.attrs, "branch_computations") or "")
                 branches += [b for b in (_attr(inst.attrs, "true_computation"), _attr(inst.attrs, "false_computation"))
                              if b]
-                costs = [self.cost(b, depth + 1) for b in branches]
+                costs = [self.cost(b, depth + 1, trips_outside) for b in branches]
                 total = total + max(costs, key=lambda c: c.flops + c.bytes, default=ZERO)
             elif inst.opcode in ("call", "async-start") or (inst.opcode.endswith("-start") and "calls=" in inst.attrs):
-                total = total + self.cost(_attr(inst.attrs, "to_apply") or _attr(inst.attrs, "calls") or "", depth + 1)
+                total = total + self.cost(_attr(inst.attrs, "to_apply") or _attr(inst.attrs, "calls") or "", depth + 1,
+                                          trips_outside)
             else:
-                total = total + Cost(self._inst_flops(comp, inst), self._inst_bytes(comp, inst), (), 0)
+                one = Cost(self._inst_flops(comp, inst), self._inst_bytes(comp, inst), (), 0)
+                self.records.append((one.bytes * trips_outside, one.flops * trips_outside, trips_outside, comp,
+                                     inst.name, inst.opcode))
+                total = total + one
         return total
 
     def trip_count(self, comp: str, loop: Instruction, cond: str | None) -> int | None:
@@ -347,6 +368,15 @@ def _constant_value(inst: Instruction | None) -> int | None:
     if inst is None or not re.fullmatch(r"\s*-?\d+\s*", inst.args):
         return None
     return int(inst.args)
+
+
+def biggest(hlo_text: str, top: int = 12, by: str = "bytes") -> list[tuple[float, float, int, str, str, str]]:
+    """The ``top`` instructions by total bytes (or ``by="flops"``), loops multiplied out:
+    ``(bytes, flops, trips, computation, instruction, opcode)``; where a program's traffic goes."""
+    computations, entry = parse_hlo(hlo_text)
+    walker = _Walker(computations)
+    walker.cost(entry)
+    return sorted(walker.records, key=lambda r: -(r[0] if by == "bytes" else r[1]))[:top]
 
 
 def loop_aware_cost(hlo_text: str) -> Cost:
