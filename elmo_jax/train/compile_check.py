@@ -319,7 +319,8 @@ def describe(report: ProgramReport, chip: Chip | None, epochs: int = 10, train_t
              f"moved (XLA's loop-once count: {(report.xla_flops or 0) / 1e12:.3f} TFLOP, "
              f"{(report.xla_bytes or 0) / GB:.2f} GB)"]
     if cost.unknown_trip_counts:
-        lines.append(f"  {cost.unknown_trip_counts} loop(s) with no trip count found were counted once")
+        lines.append(f"  {cost.unknown_trip_counts} loop(s) run to a data-dependent length, counted at their "
+                     f"upper bound (the longest sentence of the batch)")
     if chip is None:
         return lines + ["  no roofline: not a TPU with published figures"]
     t = report.roofline_seconds(chip)

@@ -8,7 +8,8 @@ those totals undercounts.  :func:`loop_aware_cost` walks the optimized HLO text
 
 * a computation costs the sum of its instructions; a ``while`` costs its body times its
   trip count (XLA's ``known_trip_count``, or read from the loop's condition
-  ``i < N`` and the counter's initial constant), a ``conditional`` its dearest branch;
+  ``i < N`` and the counter's initial constant; a loop whose bound is data, by the longest
+  first axis of the arrays it steps through), a ``conditional`` its dearest branch;
 * FLOPs: ``2 x output x contracted size`` per ``dot`` and ``convolution`` (TPU writes
   matmuls as convolutions), one per output element of elementwise arithmetic and one per
   input element of a ``reduce``, also inside fusions;
@@ -62,7 +63,7 @@ class Cost:
     flops: float
     bytes: float
     loops: tuple[tuple[str, int], ...]  # (while instruction, trip count) as found, outermost first
-    unknown_trip_counts: int  # loops counted once because no trip count was found
+    unknown_trip_counts: int  # data-dependent loops, counted at the bound their stacked arrays give
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(self.flops + other.flops, self.bytes + other.bytes, self.loops + other.loops,
@@ -287,11 +288,12 @@ class _Walker:
         for inst in self.computations.get(comp, []):
             if inst.opcode == "while":
                 body, cond = _attr(inst.attrs, "body"), _attr(inst.attrs, "condition")
-                trips = self.trip_count(comp, inst, cond)
-                inner = (self.cost(body, depth + 1, trips_outside * (trips or 1))
-                         + self.cost(cond, depth + 1, trips_outside * (trips or 1)))
-                found = Cost(0.0, 0.0, ((inst.name, trips or 1),), 0 if trips else 1)
-                total = total + found + inner.times(trips or 1)
+                known = self.trip_count(comp, inst, cond)
+                trips = known or _stacked_bound(inst.shape)
+                inner = (self.cost(body, depth + 1, trips_outside * trips)
+                         + self.cost(cond, depth + 1, trips_outside * trips))
+                found = Cost(0.0, 0.0, ((inst.name, trips),), 0 if known else 1)
+                total = total + found + inner.times(trips)
             elif inst.opcode == "conditional":
                 branches = re.findall(r"%([\w.\-]+)", _attr(inst.attrs, "branch_computations") or "")
                 branches += [b for b in (_attr(inst.attrs, "true_computation"), _attr(inst.attrs, "false_computation"))
@@ -353,6 +355,14 @@ class _Walker:
         while value is not None and value.opcode in ("copy", "bitcast", "convert") and value.operands:
             value = names.get(value.operands[0])
         return _constant_value(value) if value is not None and value.opcode == "constant" else None
+
+
+def _stacked_bound(shape: str) -> int:
+    """A loop whose trip count depends on data (e.g. an LSTM run to the longest sentence of
+    a batch) steps through arrays stacked along their first axis: their longest first axis
+    (arrays of rank >= 3) bounds its trips; 1 when it carries none."""
+    firsts = [int(dims.split(",")[0]) for _, dims in _ARRAY.findall(shape) if dims.count(",") >= 2]
+    return max(firsts, default=1)
 
 
 def _dims(shape: str) -> list[int]:
