@@ -58,3 +58,9 @@ def test_tiny_and_original_fit_v5e_8_as_shipped():
     assert original.cost.unknown_trip_counts == 0
     hours = 10 * LM1B_TRAIN_TOKENS / (original.tokens_per_second(CHIPS["v5e"]) * 8) / 3600
     assert hours < 4, hours
+
+
+def test_train_runs_the_check_first_and_stops_on_a_bad_topology(tmp_path, capsys):
+    rc = main(["train", "--compile-check", "v9z:2x2", "--workdir", str(tmp_path / "run"), "--no-progress"])
+    assert rc == 2 and "unknown chip 'v9z'" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()  # nothing trained, nothing written
