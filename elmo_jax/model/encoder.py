@@ -28,6 +28,7 @@ import numpy as np
 from elmo_jax import chars
 from elmo_jax.config import ElmoConfig
 from elmo_jax.model.chunks import from_chunks, to_chunks
+from elmo_jax.model.platform import target_platform
 from elmo_jax.model.precision import accumulator, einsum, product_dtype
 
 _ACTIVATIONS = {"relu": jax.nn.relu, "tanh": jnp.tanh}
@@ -135,7 +136,7 @@ convolution fills the device and a loop of small ones would not.
 
 def cnn_chunk_tokens(n_tokens: int) -> int:
     """Chunk size for :func:`encode_tokens`' convolutions over ``n_tokens``; 0 = one pass."""
-    if jax.default_backend() != "cpu" or n_tokens < 2 * CNN_CHUNK_TOKENS:
+    if target_platform() != "cpu" or n_tokens < 2 * CNN_CHUNK_TOKENS:
         return 0
     return CNN_CHUNK_TOKENS
 

@@ -22,6 +22,7 @@ collectives, the host and latencies the roofline ignores, so it is slower.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import re
@@ -33,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from elmo_jax.errors import ElmoError
+from elmo_jax.model.platform import compiling_for
 from elmo_jax.train.hlo_cost import Cost, loop_aware_cost
 
 # lm1b's training split (ELMO.md: ~768.6M tokens, vocabulary 793,471).
@@ -149,7 +151,10 @@ def compile_program(what: str, topology: str, fn: Callable, args: tuple, rows_pe
     hosts = len({d.process_index for d in devices})
     start = time.perf_counter()
     try:
-        compiled = jax.jit(fn, donate_argnums=donate).lower(*args).compile()
+        # Trace what a TPU runs: the model picks its CPU formulations by platform.
+        with contextlib.nullcontext() if topology == LOCAL else compiling_for("tpu"):
+            lowered = jax.jit(fn, donate_argnums=donate).lower(*args)
+        compiled = lowered.compile()
     except Exception as e:  # noqa: BLE001 - only an out-of-memory is an answer; anything else is raised
         message = _oom_message(e)
         if message is None:
