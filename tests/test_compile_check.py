@@ -64,3 +64,32 @@ def test_train_runs_the_check_first_and_stops_on_a_bad_topology(tmp_path, capsys
     rc = main(["train", "--compile-check", "v9z:2x2", "--workdir", str(tmp_path / "run"), "--no-progress"])
     assert rc == 2 and "unknown chip 'v9z'" in capsys.readouterr().err
     assert not (tmp_path / "run").exists()  # nothing trained, nothing written
+
+
+SPLIT_ROWS = """
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from elmo_jax.model.platform import compiling_for
+from elmo_jax.train.compile_check import train_step_program
+from elmo_jax.train.config_loader import TrainConfig
+cfg = TrainConfig(model="tiny", batch_size=16, unroll_steps=4, num_negatives=8, softmax_update="sparse",
+                  model_overrides={"dim": 16, "projection_dim": 8, "filters": ((1, 8), (2, 8))})
+fn, args, rows, tokens = train_step_program(cfg, "local", vocab_size=100)
+with compiling_for("tpu"):
+    text = jax.jit(fn, donate_argnums=(0, 1)).lower(*args).compile().as_text()
+import re
+gathers = re.findall(r"= s32\[[0-9,]*16,4,50\]\S* all-gather", text)  # the global batch's char ids
+print("GATHERED_CHAR_IDS", len(gathers))
+"""
+
+
+def test_rows_stay_split_over_devices_in_the_encoder():
+    import subprocess
+    import sys
+
+    from tests.conftest import device_env
+
+    proc = subprocess.run([sys.executable, "-c", SPLIT_ROWS], env=device_env(4), capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "GATHERED_CHAR_IDS 0" in proc.stdout, proc.stdout[-2000:]

@@ -88,6 +88,11 @@ def encode_tokens(params: dict, config: ElmoConfig, char_ids: jax.Array, dtype=j
     ``trim_levels``: the char counts the convolutions may be cut to (default
     :data:`TRIM_LEVELS`; differentiated passes use :data:`GRAD_TRIM_LEVELS`).
     """
+    if char_ids.ndim > 3 and target_platform() != "cpu":
+        # Rows split over devices ([..., B, T, C]) stay split only if no leading axis is
+        # merged into them: a [R, B, T] -> [N] flatten made XLA gather every device's rows
+        # and run the whole global batch's CNN on each device.  One pass per leading slice.
+        return jnp.stack([encode_tokens(params, config, x, dtype, in_loop, trim_levels) for x in char_ids])
     levels = TRIM_LEVELS if trim_levels is None else tuple(trim_levels)
     if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) for n in levels):
         raise ValueError(f"trim_levels must be char counts (integers), got {trim_levels!r}")

@@ -58,9 +58,9 @@ class Chip:
 
 CHIPS = {
     "v4": Chip("TPU v4", 275e12, 1200e9, 32 * GiB, "cloud.google.com/tpu/docs/v4 (275 TFLOPs bf16, 32 GiB HBM2, 1200 GBps)"),
-    "v5e": Chip("TPU v5e", 197e12, 819e9, 16e9, "cloud.google.com/tpu/docs/v5e (197 TFLOPs bf16, 16 GB HBM2, 819 GBps)"),
-    "v5p": Chip("TPU v5p", 459e12, 2765e9, 95e9, "cloud.google.com/tpu/docs/v5p (459 TFLOPs bf16, 95 GB HBM2e, 2765 GBps)"),
-    "v6e": Chip("TPU v6e", 918e12, 1640e9, 32e9, "cloud.google.com/tpu/docs/v6e (918 TFLOPs bf16, 32 GB HBM, 1640 GBps)"),
+    "v5e": Chip("TPU v5e", 197e12, 819e9, 16 * GiB, "cloud.google.com/tpu/docs/v5e (197 TFLOPs bf16, 16 GB HBM2, 819 GBps)"),
+    "v5p": Chip("TPU v5p", 459e12, 2765e9, 95 * GiB, "cloud.google.com/tpu/docs/v5p (459 TFLOPs bf16, 95 GB HBM2e, 2765 GBps)"),
+    "v6e": Chip("TPU v6e", 918e12, 1640e9, 32 * GiB, "cloud.google.com/tpu/docs/v6e (918 TFLOPs bf16, 32 GB HBM, 1640 GBps)"),
 }
 
 ESTIMATE_NOTE = ("compile-time estimates: memory from XLA's buffer assignment, FLOPs and bytes counted in the "
@@ -301,8 +301,8 @@ def check_embed(cfg, topology: str, batch: int = 1024, tokens: int = 20, dump: s
 # -- the report -----------------------------------------------------------------------------
 
 
-def _gb(x: float | None) -> str:
-    return "-" if x is None else f"{x / GB:.2f} GB"
+def _gib(x: float | None) -> str:
+    return "-" if x is None else f"{x / GiB:.2f} GiB"
 
 
 def _hours(seconds: float) -> str:
@@ -313,13 +313,13 @@ def describe(report: ProgramReport, chip: Chip | None, epochs: int = 10, train_t
     """Lines for a human (see :data:`ESTIMATE_NOTE`)."""
     head = (f"{report.what} on {report.topology} ({report.chips} chips, {report.hosts} host"
             f"{'s' if report.hosts > 1 else ''}), {report.rows_per_chip} rows per chip:")
-    hbm = f"{chip.hbm_bytes / GB:.1f} GB" if chip else "the device's memory"
+    hbm = f"{chip.hbm_bytes / GiB:.0f} GiB" if chip else "the device's memory"
     if not report.fits:
         return [head, f"  does NOT fit {hbm}: {report.error}"]
     cost = report.cost
     lines = [head,
-             f"  fits: HBM needed {_gb(report.hbm_needed)} of {hbm} per chip "
-             f"(temporaries {_gb(report.temp_bytes)}, arguments {_gb(report.argument_bytes)})",
+             f"  fits: HBM needed {_gib(report.hbm_needed)} of {hbm} per chip "
+             f"(temporaries {_gib(report.temp_bytes)}, arguments {_gib(report.argument_bytes)})",
              f"  per chip and step, loops counted per trip: {cost.flops / 1e12:.3f} TFLOP, {cost.bytes / GB:.2f} GB "
              f"moved (XLA's loop-once count: {(report.xla_flops or 0) / 1e12:.3f} TFLOP, "
              f"{(report.xla_bytes or 0) / GB:.2f} GB)"]
