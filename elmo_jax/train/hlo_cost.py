@@ -15,8 +15,8 @@ those totals undercounts.  :func:`loop_aware_cost` walks the optimized HLO text
   input element of a ``reduce``, also inside fusions;
 * bytes: per top-level instruction (a fusion is one), the operands it reads and the
   result it writes; an operand that is only sliced or gathered counts the slices, an
-  in-place ``dynamic-update-slice`` or ``scatter`` the updated part, tuples, bitcasts and
-  parameters nothing.  Memory spaces are not told apart (on a TPU a few small buffers
+  in-place ``dynamic-update-slice`` or ``scatter`` the updated part, an asynchronous op
+  once at its start, tuples, bitcasts and parameters nothing.  Memory spaces are not told apart (on a TPU a few small buffers
   live in on-chip memory), so the bytes are an upper bound of the HBM traffic.
 
 Pure text processing: no jax import, the same on any backend's HLO.
@@ -278,6 +278,12 @@ class _Walker:
             return 2.0 * self._operand_bytes(comp, inst.operands[-1]) + self._operand_bytes(comp, inst.operands[1])
         if op == "copy-start":
             return 2.0 * self._operand_bytes(comp, inst.operands[0])
+        if op == "slice-start":  # an asynchronous slice: its tuple repeats the operand, only the slice moves
+            return out - sum(self._operand_bytes(comp, o) for o in inst.operands)
+        if op.endswith("-start"):  # asynchronous collectives: the tuple holds the operands and the results
+            return out
+        if op.endswith("-done"):
+            return 0.0
         return out + sum(self._operand_bytes(comp, o) for o in inst.operands)
 
     # -- the walk -----------------------------------------------------------------------
