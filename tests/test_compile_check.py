@@ -93,3 +93,21 @@ def test_rows_stay_split_over_devices_in_the_encoder():
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "GATHERED_CHAR_IDS 0" in proc.stdout, proc.stdout[-2000:]
+
+
+def test_largest_rows_search_doubles_then_bisects(monkeypatch):
+    from types import SimpleNamespace
+
+    from elmo_jax.train import compile_check
+
+    tried = []
+
+    def fake(cfg, topology, rows, vocab_size=None, dump=None):
+        tried.append(rows)
+        return SimpleNamespace(fits=rows <= 200)
+
+    monkeypatch.setattr(compile_check, "check_train_step", fake)
+    assert compile_check.largest_rows(None, "v5e:2x4", 128, max_compiles=4) == 192
+    assert tried == [128, 256, 192, 224, 208]  # the first, then 4 compiles
+    tried.clear()
+    assert compile_check.largest_rows(None, "v5e:2x4", 512, max_compiles=2) == 128  # 512, 256 fail, 128 fits
