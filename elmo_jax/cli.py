@@ -49,8 +49,35 @@ def _train(args: argparse.Namespace) -> int:
     if rest:
         raise ValueError(_unrecognised(rest, getattr(args, "known_options", ())))
     if not _maybe_init_distributed(args):
+        if args.compile_check and not _compile_fits(cfg, args.compile_check):
+            return 2
         return _train_run(args, cfg)
     return _run_in_process_group("train", lambda: _train_run(args, cfg))
+
+
+def _compile_fits(cfg, topology: str, **kwargs) -> bool:
+    """The compile-only check of ``cfg``'s step for ``topology``; False (with a line) when it
+    does not fit (:mod:`elmo_jax.train.compile_check`)."""
+    from elmo_jax.train.compile_check import run_check
+
+    reports = run_check(cfg, topology, **kwargs)
+    if not reports[0].fits:
+        print(f"the training step does not fit {topology}: lower batch_size, set remat_steps, or pick a chip "
+              f"with more memory", file=sys.stderr)
+        return False
+    return True
+
+
+def _compile(args: argparse.Namespace) -> int:
+    """Compile-only TPU check of a config's training step and of Elmo.embed."""
+    from elmo_jax.train.config_loader import parse_config_args
+
+    cfg, rest = parse_config_args(args.config_args)
+    if rest:
+        raise ValueError(f"unrecognised arguments: {' '.join(rest)}")
+    fits = _compile_fits(cfg, args.topology, rows_per_chip=args.rows_per_chip, vocab_size=args.vocab_size,
+                         search=args.max_compiles > 0, max_compiles=args.max_compiles, embed=not args.no_embed)
+    return 0 if fits else 1
 
 
 def _run_in_process_group(command: str, run: Callable[[], int]) -> int:
@@ -353,8 +380,30 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tr.add_argument("--workdir", help="run folder: checkpoints, metrics, vocab (default runs/<model>)")
     tr.add_argument("--no-progress", action="store_true", help="no progress bar")
+    tr.add_argument("--compile-check", metavar="TOPOLOGY",
+                    help="first compile the step for TOPOLOGY (e.g. v5e:2x4, or 'local': this job's devices) "
+                         "and stop if it does not fit (see elmo-jax compile)")
     _add_distributed_flags(tr)
     tr.set_defaults(func=_train)
+
+    co = sub.add_parser(
+        "compile", help="compile the training step for TPU chips you do not have: fits? memory, FLOPs, time",
+        description="Compile-only check (needs libtpu: pip install 'elmo-jax[tpu]'): compiles the training step "
+                    "of a config and Elmo.embed for a TPU topology on this host and prints, per chip, whether it "
+                    "fits, the HBM it needs, its FLOPs and bytes (loops counted per trip) and a roofline time. "
+                    "All figures are compile-time estimates.",
+        usage="%(prog)s --topology TOPOLOGY [--config FILE] [--config.KEY=VALUE ...] [options]",
+    )
+    co.add_argument("--topology", required=True,
+                    help="e.g. v5e:2x4 (a v5e-8), v5e:4x4 (4 hosts), v4:2x2x1, v5p:2x2x2, v6e:2x4; "
+                         "'local': this job's own devices")
+    co.add_argument("--rows-per-chip", type=int, metavar="N", help="rows per chip (default: the config's batch)")
+    co.add_argument("--vocab-size", type=int, metavar="N",
+                    help="softmax rows (default: the config's vocab_size, lm1b's 793,471 for lm1b)")
+    co.add_argument("--max-compiles", type=int, default=4, metavar="N",
+                    help="compiles spent searching the largest rows per chip that fit (0: no search; default 4)")
+    co.add_argument("--no-embed", action="store_true", help="skip the Elmo.embed program (batch 1,024)")
+    co.set_defaults(func=_compile)
 
     ev = sub.add_parser("eval", help="held-out perplexity of a run's checkpoint (full softmax)")
     ev.add_argument("workdir")
@@ -461,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     args.known_options = _options_of(parser, args.command)
-    if args.command == "train":
+    if args.command in ("train", "compile"):
         args.config_args = extra
     elif extra:
         parser.error(_unrecognised(extra, args.known_options))

@@ -39,6 +39,7 @@ LAYERS = (
     ("embedding", ("elmo_jax.embedder", "elmo_jax.embed_file", "elmo_jax.embed_input", "elmo_jax.embed_layouts",
                    "elmo_jax.embed_state", "elmo_jax.embeddings_reader", "elmo_jax.embedding")),
     ("train app", ("elmo_jax.train.loop", "elmo_jax.train.init_from", "elmo_jax.train.report",
+                   "elmo_jax.train.compile_check",
                    "elmo_jax.probes")),
     ("entry points", ("elmo_jax.cli", "elmo_jax.nnx", "elmo_jax.finetune", "elmo_jax.run_plots")),
 )

@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from elmo_jax.config import ElmoConfig
 from elmo_jax.model.chunks import from_chunks, to_chunks
+from elmo_jax.model.platform import target_platform
 from elmo_jax.model.precision import accumulator, einsum
 
 N_DIRECTIONS = 2
@@ -204,7 +205,7 @@ def recurrence(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_cli
     whose trip count lives on the device, was 1.10-1.29x slower than the scan even with a
     quarter of the steps skipped (``benchmarks/step_skip.py``).
     """
-    if jax.default_backend() == "cpu":
+    if target_platform() == "cpu":
         (h_last, c_last), h_TRBP = _recurrence_active_steps(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH,
                                                             cell_clip, proj_clip, dtype)
     else:

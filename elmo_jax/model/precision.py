@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 
 from elmo_jax.config import COMPUTE_DTYPES
+from elmo_jax.model.platform import target_platform
 
 
 def compute_dtype(name) -> jnp.dtype:
@@ -27,7 +28,7 @@ def product_dtype(dtype):
     product comes out in bf16 and is upcast by :func:`einsum`.
     """
     acc = accumulator(dtype)
-    if jnp.dtype(dtype) != acc and jax.default_backend() == "cpu":
+    if jnp.dtype(dtype) != acc and target_platform() == "cpu":
         return None
     return acc
 

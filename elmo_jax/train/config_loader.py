@@ -52,6 +52,7 @@ __all__ = [
 
 OPTIMIZERS = ("adagrad", "adam")
 PARALLEL_MODES = ("pmap", "mesh")
+SOFTMAX_UPDATES = ("dense", "sparse")
 DEFAULT_CONFIG = "configs/tiny.py"
 
 
@@ -116,6 +117,11 @@ class TrainConfig:
         ones; for a large held-out set such as ``lm1b``'s test split (about 8M tokens).
       log_every: steps between log lines.
       parallel: ``"pmap"`` or ``"mesh"`` (``jit`` over a device mesh) data parallelism.
+      softmax_update: ``"dense"`` updates every row of the softmax each step; ``"sparse"``
+        (sampled softmax with Adagrad only) computes the gradient and the Adagrad update on
+        the rows the step touches (negatives and targets), the same numbers up to the order
+        of float sums and far less memory traffic for a large vocabulary.  With the full
+        softmax (a vocabulary not larger than ``num_negatives``) the update is dense.
     """
 
     model: str = "tiny"
@@ -148,6 +154,7 @@ class TrainConfig:
     eval_max_batches: int | None = None
     log_every: int = 50
     parallel: str = "pmap"
+    softmax_update: str = "dense"
 
     def __post_init__(self):
         # Own a copy, so the (mutable) dict can't be changed behind a frozen config.
@@ -225,6 +232,11 @@ def _validate(cfg: TrainConfig) -> None:
         raise ConfigError(f"optimizer {cfg.optimizer!r} is not supported; use one of {', '.join(OPTIMIZERS)}")
     if cfg.parallel not in PARALLEL_MODES:
         raise ConfigError(f"parallel {cfg.parallel!r} is not supported; use one of {', '.join(PARALLEL_MODES)}")
+    if cfg.softmax_update not in SOFTMAX_UPDATES:
+        raise ConfigError(f"softmax_update {cfg.softmax_update!r} is not supported; use one of {', '.join(SOFTMAX_UPDATES)}")
+    if cfg.softmax_update == "sparse" and cfg.optimizer != "adagrad":
+        raise ConfigError(f"softmax_update 'sparse' needs optimizer 'adagrad' (with {cfg.optimizer!r} the rows a step "
+                          f"does not touch still move); set softmax_update='dense'")
     if not cfg.data:
         raise ConfigError("data must name a corpus source, e.g. 'synthetic' or 'lm1b'")
     if cfg.init_from is not None and not cfg.init_from:

@@ -119,10 +119,7 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     if len(vocab) != fewest:  # the softmax's share, now known
         check_step_memory(cfg, model_config, len(vocab), optimizer, selection.sampled, global_batch // n_devices,
                           dtype)
-    runner = make_runner(cfg.parallel, dict(
-        config=model_config, optimizer=optimizer, loss_fn=selection.fn, dropout_rate=cfg.dropout, dtype=dtype,
-        remat_steps=cfg.remat_steps,
-    ))
+    runner = make_runner(cfg.parallel, step_kwargs(cfg, model_config, selection, optimizer, dtype, log))
     batcher = make_batcher(data, cfg, model_config, local_batch, log)
     closing.callback(getattr(batcher, "close", lambda: None))  # its data workers (a test's stand-in has none)
     steps_per_epoch = batcher.steps_per_epoch
@@ -230,6 +227,16 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     log(f"final checkpoint: {ckpts.path(step)}")
     log(f"export it for embedding with:  elmo-jax export {workdir} OUT_DIR")
     return summary
+
+
+def step_kwargs(cfg: TrainConfig, model_config: ElmoConfig, selection, optimizer, dtype,
+                log: Callable[[str], None] = lambda msg: None) -> dict:
+    """The keyword arguments of :func:`elmo_jax.train.step.train_step` for this run."""
+    sparse = cfg.softmax_update == "sparse" and selection.sampled
+    if sparse:
+        log("softmax_update sparse: the softmax's gradient and Adagrad update on the rows each step touches")
+    return dict(config=model_config, optimizer=optimizer, loss_fn=selection.fn, dropout_rate=cfg.dropout,
+                dtype=dtype, remat_steps=cfg.remat_steps, sparse_negatives=cfg.num_negatives if sparse else 0)
 
 
 def check_step_memory(cfg: TrainConfig, model_config: ElmoConfig, vocab_size: int, optimizer, sampled: bool,

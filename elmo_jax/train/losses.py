@@ -224,6 +224,8 @@ def sampled_softmax_loss(
     remove_accidental_hits: bool = True,
     subtract_log_q: bool = True,
     correct_true_logits: bool | None = None,
+    target_rows: jax.Array | None = None,
+    sampled_rows: jax.Array | None = None,
 ) -> jax.Array:
     """Sampled-softmax cross-entropy per position (float32), as ``tf.nn.sampled_softmax_loss``.
 
@@ -247,14 +249,19 @@ def sampled_softmax_loss(
     this problem because its expected count for a frequent target tends to 1 (log Q -> 0).
     With hits kept, correcting both is the consistent estimator (the true class is counted
     through its sampled copies).
+    ``target_rows`` (the shape of ``targets``) and ``sampled_rows [S]``: where the rows of the
+    targets and of the negatives are in ``softmax_params`` when that holds only some rows of
+    the vocabulary (a sparse update gathers the touched rows first); None: row = id.
     """
     w, b = softmax_params["w"], softmax_params["b"]
     hf, t, lead = _flatten(h, targets, num_true)
     sampled_ids = sampled_ids.astype(jnp.int32)
     num_sampled = sampled_ids.shape[0]
 
-    true_logits = _true_logits(hf, w, b, t)  # [N, T]
-    sampled_logits = _logits(hf, w[sampled_ids], b[sampled_ids])  # [N, S]
+    t_rows = t if target_rows is None else target_rows.reshape(t.shape).astype(jnp.int32)
+    s_rows = sampled_ids if sampled_rows is None else sampled_rows.astype(jnp.int32)
+    true_logits = _true_logits(hf, w, b, t_rows)  # [N, T]
+    sampled_logits = _logits(hf, w[s_rows], b[s_rows])  # [N, S]
     if correct_true_logits is None:
         correct_true_logits = not remove_accidental_hits
     if subtract_log_q:

@@ -34,6 +34,7 @@ from elmo_jax.model.encoder import GRAD_TRIM_LEVELS, encode_tokens, encode_token
 from elmo_jax.model.lstm import dropout, lstm_stack
 from elmo_jax.train.config_loader import OPTIMIZERS
 from elmo_jax.train.losses import full_softmax_loss, init_softmax, masked_sum_and_count
+from elmo_jax.train.sparse_softmax import is_rss, rows_loss_fn, softmax_accumulators, touched_rows
 
 LossFn = Callable[..., jax.Array]
 
@@ -159,8 +160,19 @@ def train_step(
     dtype=jnp.float32,
     axis_name: str | None = None,
     remat_steps: int = 0,
+    sparse_negatives: int = 0,
 ) -> tuple[dict, dict, dict]:
-    """One update -> (new train state, new LSTM state, metrics of the global batch)."""
+    """One update -> (new train state, new LSTM state, metrics of the global batch).
+
+    ``sparse_negatives > 0``: the sampled softmax with that many negatives, the softmax
+    updated on its touched rows only (Adagrad; ``loss_fn`` is then not used), see
+    :mod:`elmo_jax.train.sparse_softmax`."""
+    if sparse_negatives > 0:
+        return sparse_train_step(
+            train_state, lstm_state, batch, sample_rng, dropout_rng, config=config, optimizer=optimizer,
+            num_negatives=sparse_negatives, dropout_rate=dropout_rate, dtype=dtype, axis_name=axis_name,
+            remat_steps=remat_steps,
+        )
     params = train_state["params"]
 
     def objective(p):
@@ -178,6 +190,56 @@ def train_step(
     new_state = {
         "params": optax.apply_updates(params, updates),
         "opt_state": opt_state,
+        "step": train_state["step"] + 1,
+    }
+    return new_state, new_lstm_state, metrics
+
+
+def sparse_train_step(train_state: dict, lstm_state: dict, batch: dict, sample_rng: jax.Array,
+                      dropout_rng: jax.Array, *, config, optimizer: optax.GradientTransformation,
+                      num_negatives: int, dropout_rate: float, dtype=jnp.float32, axis_name: str | None = None,
+                      remat_steps: int = 0) -> tuple[dict, dict, dict]:
+    """:func:`train_step` for the sampled softmax with Adagrad, the softmax updated on its
+    touched rows only (see :mod:`elmo_jax.train.sparse_softmax`)."""
+    params = train_state["params"]
+    softmax = params["softmax"]
+    vocab_size = softmax["w"].shape[0]
+    rows_R = touched_rows(sample_rng, batch, num_negatives, vocab_size, axis_name)
+
+    def gather(x):  # padding slots (id V) read row V-1, get no gradient and are never written
+        return jnp.take(x, rows_R, axis=0, mode="clip")
+
+    def scatter(full, part):
+        return full.at[rows_R].set(part, mode="drop")
+
+    table = {"bilm": params["bilm"], "softmax": jax.tree.map(gather, softmax)}
+    loss_fn = rows_loss_fn(rows_R, num_negatives, vocab_size)
+
+    def objective(p):
+        return lm_losses(
+            p, config, batch, lstm_state, loss_fn, sample_rng=sample_rng, dropout_rng=dropout_rng,
+            dropout_rate=dropout_rate, dtype=dtype, axis_name=axis_name, remat_steps=remat_steps,
+        )
+
+    (loss, (new_lstm_state, metrics)), grads = jax.value_and_grad(objective, has_aux=True)(table)
+    grads = _psum(grads, axis_name)
+    metrics = {k: (_psum(v, axis_name) if k.endswith("_sum") else v) for k, v in metrics.items()}
+    metrics["loss"] = _psum(loss, axis_name)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    opt_rows = softmax_accumulators(train_state["opt_state"], lambda s: jax.tree.map(gather, s))
+    updates, new_opt_rows = optimizer.update(grads, opt_rows, table)
+    new_table = optax.apply_updates(table, updates)
+
+    def put_back(old, new):
+        if not is_rss(old):
+            return new
+        sums = dict(new.sum_of_squares)
+        sums["softmax"] = jax.tree.map(scatter, old.sum_of_squares["softmax"], new.sum_of_squares["softmax"])
+        return optax.ScaleByRssState(sum_of_squares=sums)
+
+    new_state = {
+        "params": {"bilm": new_table["bilm"], "softmax": jax.tree.map(scatter, softmax, new_table["softmax"])},
+        "opt_state": jax.tree.map(put_back, train_state["opt_state"], new_opt_rows, is_leaf=is_rss),
         "step": train_state["step"] + 1,
     }
     return new_state, new_lstm_state, metrics
