@@ -1,4 +1,8 @@
-"""The ``elmo-jax`` command line: one sub-command per job."""
+"""The ``elmo-jax`` command line: one sub-command per job.
+
+(Over 500 lines: each verb's argparse definition and its thin runner live here, so the help
+texts sit beside the code that reads them; the work itself is in the package's modules.)
+"""
 
 from __future__ import annotations
 
