@@ -84,11 +84,12 @@ print("RESULT " + json.dumps({"tokens_per_cpu_s": steps * b * t / cpu, "tokens_p
 def measure(checkout: str, program: str, args: list[str]) -> dict:
     """Run one measurement in a fresh process importing ``checkout``; its RESULT line."""
     env = dict(os.environ, PYTHONPATH=os.path.abspath(checkout), JAX_PLATFORMS="cpu")
-    out = subprocess.run([sys.executable, "-c", program, *args], env=env, capture_output=True, text=True,
-                         cwd=os.path.abspath(checkout))
+    out = subprocess.run(
+        [sys.executable, "-c", program, *args], env=env, capture_output=True, text=True, cwd=os.path.abspath(checkout)
+    )
     for line in out.stdout.splitlines():
         if line.startswith("RESULT "):
-            return json.loads(line[len("RESULT "):])
+            return json.loads(line[len("RESULT ") :])
     raise SystemExit(f"{checkout}: the measurement failed (exit {out.returncode}):\n{out.stderr[-3000:]}")
 
 
@@ -116,15 +117,27 @@ def main() -> None:
             for name, (program, args) in jobs.items():
                 res = measure(path, program, args)
                 results[name][side].append(res)
-                print(f"round {r + 1} {side:6s} {name:5s} {res['tokens_per_cpu_s']:10.0f} tokens/CPU-s "
-                      f"{res['tokens_per_wall_s']:10.0f} tokens/s", flush=True)
-    summary = {"machine": cpu_summary(machine_info()), "when": time.strftime("%Y-%m-%d %H:%M"), "embed": a.embed, "train": a.train}
+                print(
+                    f"round {r + 1} {side:6s} {name:5s} {res['tokens_per_cpu_s']:10.0f} tokens/CPU-s "
+                    f"{res['tokens_per_wall_s']:10.0f} tokens/s",
+                    flush=True,
+                )
+    summary = {
+        "machine": cpu_summary(machine_info()),
+        "when": time.strftime("%Y-%m-%d %H:%M"),
+        "embed": a.embed,
+        "train": a.train,
+    }
     print(f"\n{summary['machine']}")
     for name in jobs:
-        med = {side: statistics.median(x["tokens_per_cpu_s"] for x in results[name][side]) for side in ("before", "after")}
+        med = {
+            side: statistics.median(x["tokens_per_cpu_s"] for x in results[name][side]) for side in ("before", "after")
+        }
         summary[name] = {**med, "ratio_after_over_before": med["after"] / med["before"], "runs": results[name]}
-        print(f"{name:5s}: before {med['before']:.0f}, after {med['after']:.0f} tokens per CPU-second "
-              f"(after/before {med['after'] / med['before']:.3f}, medians of {a.rounds})")
+        print(
+            f"{name:5s}: before {med['before']:.0f}, after {med['after']:.0f} tokens per CPU-second "
+            f"(after/before {med['after'] / med['before']:.3f}, medians of {a.rounds})"
+        )
         if name == "train":
             losses = {side: [x["loss"] for x in results[name][side]] for side in ("before", "after")}
             print(f"       final losses before {losses['before'][0]:.6f}, after {losses['after'][0]:.6f}")

@@ -68,8 +68,12 @@ def write_corpus(path: str, n_sentences: int, n_types: int, seed: int = 0) -> di
 def load_baseline(commit: str):
     """``elmo_jax/data/batches.py`` of ``commit`` as a module (None without git)."""
     try:
-        code = subprocess.run(["git", "-C", REPO, "show", f"{commit}:elmo_jax/data/batches.py"],
-                              check=True, capture_output=True, text=True).stdout
+        code = subprocess.run(
+            ["git", "-C", REPO, "show", f"{commit}:elmo_jax/data/batches.py"],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
     except (OSError, subprocess.CalledProcessError):
         return None
     path = os.path.join(tempfile.mkdtemp(), f"batches_{commit}.py")
@@ -163,22 +167,37 @@ def measure_prepare(open_text, corpus: str, tmp: str, args) -> tuple:
             runs[w].append((wall, cpu, os.getloadavg()[0]))
             if source is None and w == counts[0]:
                 source = src
-            print(f"prepare workers={w}: {wall:.2f} s wall, {cpu:.2f} CPU-s "
-                  f"({1e6 * wall / args.sentences:.1f} us/sentence), load {os.getloadavg()[0]:.1f}", flush=True)
+            print(
+                f"prepare workers={w}: {wall:.2f} s wall, {cpu:.2f} CPU-s "
+                f"({1e6 * wall / args.sentences:.1f} us/sentence), load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
     rows = []
     base = statistics.median(r[0] for r in runs[counts[0]])
     base_cpu = statistics.median(r[1] for r in runs[counts[0]])
     for w in counts:
         wall = statistics.median(r[0] for r in runs[w])
         cpu = statistics.median(r[1] for r in runs[w])
-        rows.append({"workers": w, "wall_s": wall, "cpu_s": cpu, "all_wall_s": [r[0] for r in runs[w]],
-                     "us_per_sentence": 1e6 * wall / args.sentences,
-                     "cpu_us_per_sentence": 1e6 * cpu / args.sentences,
-                     "speedup": base / wall, "cpu_speedup": base_cpu / cpu, "loads": [r[2] for r in runs[w]]})
-        print(f"prepare workers={w}: median {wall:.2f} s ({rows[-1]['us_per_sentence']:.1f} us/sentence, "
-              f"{base / wall:.2f}x workers={counts[0]}); {cpu:.2f} CPU-s "
-              f"({rows[-1]['cpu_us_per_sentence']:.1f} CPU-us/sentence, {base_cpu / cpu:.2f}x less CPU); "
-              f"runs {', '.join(f'{r[0]:.2f}' for r in runs[w])}", flush=True)
+        rows.append(
+            {
+                "workers": w,
+                "wall_s": wall,
+                "cpu_s": cpu,
+                "all_wall_s": [r[0] for r in runs[w]],
+                "us_per_sentence": 1e6 * wall / args.sentences,
+                "cpu_us_per_sentence": 1e6 * cpu / args.sentences,
+                "speedup": base / wall,
+                "cpu_speedup": base_cpu / cpu,
+                "loads": [r[2] for r in runs[w]],
+            }
+        )
+        print(
+            f"prepare workers={w}: median {wall:.2f} s ({rows[-1]['us_per_sentence']:.1f} us/sentence, "
+            f"{base / wall:.2f}x workers={counts[0]}); {cpu:.2f} CPU-s "
+            f"({rows[-1]['cpu_us_per_sentence']:.1f} CPU-us/sentence, {base_cpu / cpu:.2f}x less CPU); "
+            f"runs {', '.join(f'{r[0]:.2f}' for r in runs[w])}",
+            flush=True,
+        )
     return source, rows
 
 
@@ -198,18 +217,30 @@ def measure_index(source, tmp: str, args) -> tuple:
             index = build_token_index(source, folder, workers=w)
             wall, cpu = time.perf_counter() - t, time.process_time() - c
             runs[w].append((wall, cpu))
-            print(f"index workers={w}: {wall:.2f} s wall, {cpu:.2f} CPU-s in this process, "
-                  f"load {os.getloadavg()[0]:.1f}", flush=True)
+            print(
+                f"index workers={w}: {wall:.2f} s wall, {cpu:.2f} CPU-s in this process, load {os.getloadavg()[0]:.1f}",
+                flush=True,
+            )
     rows = []
     for w in counts:
         wall = statistics.median(r[0] for r in runs[w])
         cpu = statistics.median(r[1] for r in runs[w])
-        rows.append({"workers": w, "wall_s": wall, "main_cpu_s": cpu, "all_wall_s": [r[0] for r in runs[w]],
-                     "us_per_sentence": 1e6 * wall / len(source),
-                     "speedup": statistics.median(r[0] for r in runs[counts[0]]) / wall})
-        print(f"index workers={w}: median {wall:.2f} s ({rows[-1]['us_per_sentence']:.1f} us/sentence, "
-              f"{rows[-1]['speedup']:.2f}x workers={counts[0]}), this process {cpu:.2f} CPU-s; "
-              f"runs {', '.join(f'{r[0]:.2f}' for r in runs[w])}", flush=True)
+        rows.append(
+            {
+                "workers": w,
+                "wall_s": wall,
+                "main_cpu_s": cpu,
+                "all_wall_s": [r[0] for r in runs[w]],
+                "us_per_sentence": 1e6 * wall / len(source),
+                "speedup": statistics.median(r[0] for r in runs[counts[0]]) / wall,
+            }
+        )
+        print(
+            f"index workers={w}: median {wall:.2f} s ({rows[-1]['us_per_sentence']:.1f} us/sentence, "
+            f"{rows[-1]['speedup']:.2f}x workers={counts[0]}), this process {cpu:.2f} CPU-s; "
+            f"runs {', '.join(f'{r[0]:.2f}' for r in runs[w])}",
+            flush=True,
+        )
     return index, rows
 
 
@@ -222,12 +253,17 @@ def main(argv=None) -> int:
     p.add_argument("--unroll", type=int, default=20)
     p.add_argument("--seconds", type=float, default=3.0, help="per batches/s measurement")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--prepare-workers", default="0,1,2",
-                   help="worker counts preparing the corpus (0: the TFDS builder in this process)")
-    p.add_argument("--index-workers", default="0,2",
-                   help="worker counts building the token index (0: in this process)")
-    p.add_argument("--source-batches", default="0,2",
-                   help="worker counts also measured reading the prepared source instead of the index ('' skips)")
+    p.add_argument(
+        "--prepare-workers",
+        default="0,1,2",
+        help="worker counts preparing the corpus (0: the TFDS builder in this process)",
+    )
+    p.add_argument("--index-workers", default="0,2", help="worker counts building the token index (0: in this process)")
+    p.add_argument(
+        "--source-batches",
+        default="0,2",
+        help="worker counts also measured reading the prepared source instead of the index ('' skips)",
+    )
     p.add_argument("--step-ms", default="0,5,23", help="simulated step times for the waiting measurement")
     p.add_argument("--wait-batch", type=int, default=1024)
     p.add_argument("--baseline", default="7058beb", help="commit whose batcher is measured too ('' to skip)")
@@ -241,10 +277,17 @@ def main(argv=None) -> int:
 
     tmp = args.tmp or tempfile.mkdtemp(prefix="elmo_data_bench_")
     os.makedirs(tmp, exist_ok=True)
-    results: dict = {"args": vars(args), "cpus": os.cpu_count(), "machine": machine_info(),
-                     "load_before": os.getloadavg()}
-    print(f"machine: {cpu_summary(results['machine'])}, {results['machine']['cpus_available']} CPUs available, "
-          f"load {' '.join(f'{x:.1f}' for x in results['load_before'])}", flush=True)
+    results: dict = {
+        "args": vars(args),
+        "cpus": os.cpu_count(),
+        "machine": machine_info(),
+        "load_before": os.getloadavg(),
+    }
+    print(
+        f"machine: {cpu_summary(results['machine'])}, {results['machine']['cpus_available']} CPUs available, "
+        f"load {' '.join(f'{x:.1f}' for x in results['load_before'])}",
+        flush=True,
+    )
     corpus = os.path.join(tmp, f"corpus_{args.sentences}.txt")
     t = time.perf_counter()
     results["corpus"] = write_corpus(corpus, args.sentences, args.types)
@@ -261,9 +304,11 @@ def main(argv=None) -> int:
 
     baseline = load_baseline(args.baseline) if args.baseline else None
     rows = []
-    kinds = ([("baseline", None)] if baseline else []) \
-        + [("source", w) for w in map(int, filter(None, args.source_batches.split(",")))] \
+    kinds = (
+        ([("baseline", None)] if baseline else [])
+        + [("source", w) for w in map(int, filter(None, args.source_batches.split(",")))]
         + [("index", w) for w in map(int, args.workers.split(","))]
+    )
 
     def label_of(kind, workers):
         if kind == "baseline":
@@ -272,6 +317,7 @@ def main(argv=None) -> int:
 
     for B in [int(x) for x in args.batch_sizes.split(",") if x]:
         for kind, workers in kinds:
+
             def make(B=B, kind=kind, workers=workers):
                 if kind == "baseline":
                     return baseline.LMBatcher(source, vocab, B, args.unroll)
@@ -284,34 +330,58 @@ def main(argv=None) -> int:
                 cpu_speeds.append(c)
                 rss += r
             label = label_of(kind, workers)
-            row = {"B": B, "impl": label, "positions_per_s_dir": statistics.median(speeds), "all": speeds,
-                   "positions_per_cpu_s_dir": statistics.median(cpu_speeds),
-                   "worker_peak_rss_mib": max(rss) if rss else None, "load": os.getloadavg()}
+            row = {
+                "B": B,
+                "impl": label,
+                "positions_per_s_dir": statistics.median(speeds),
+                "all": speeds,
+                "positions_per_cpu_s_dir": statistics.median(cpu_speeds),
+                "worker_peak_rss_mib": max(rss) if rss else None,
+                "load": os.getloadavg(),
+            }
             rows.append(row)
-            print(f"B={B:5d} {label:20s} {row['positions_per_s_dir']:>12,.0f} positions/s per direction "
-                  f"(runs {', '.join(f'{x:,.0f}' for x in speeds)})"
-                  + (f"; {row['positions_per_cpu_s_dir']:,.0f} per CPU-second of this process"
-                     if workers in (None, 0) else "")
-                  + (f", worker peak RSS less mapped files {row['worker_peak_rss_mib']:.0f} MiB" if rss else "")
-                  + f", load {row['load'][0]:.1f}", flush=True)
+            print(
+                f"B={B:5d} {label:20s} {row['positions_per_s_dir']:>12,.0f} positions/s per direction "
+                f"(runs {', '.join(f'{x:,.0f}' for x in speeds)})"
+                + (
+                    f"; {row['positions_per_cpu_s_dir']:,.0f} per CPU-second of this process"
+                    if workers in (None, 0)
+                    else ""
+                )
+                + (f", worker peak RSS less mapped files {row['worker_peak_rss_mib']:.0f} MiB" if rss else "")
+                + f", load {row['load'][0]:.1f}",
+                flush=True,
+            )
     results["batches"] = rows
 
     waits = []
     for kind, workers in kinds:
         for step_ms in [float(x) for x in args.step_ms.split(",") if x]:
+
             def make(kind=kind, workers=workers):
                 if kind == "baseline":
                     return baseline.LMBatcher(source, vocab, args.wait_batch, args.unroll)
-                return LMBatcher(index if kind == "index" else source, vocab, args.wait_batch, args.unroll,
-                                 workers=workers)
+                return LMBatcher(
+                    index if kind == "index" else source, vocab, args.wait_batch, args.unroll, workers=workers
+                )
 
             steps = 30 if step_ms else 60
             fracs = [waiting_fraction(make, step_ms / 1000, steps) for _ in range(args.repeats)]
             label = label_of(kind, workers)
-            waits.append({"impl": label, "B": args.wait_batch, "step_ms": step_ms,
-                          "wait_fraction": statistics.median(fracs), "all": fracs})
-            print(f"wait B={args.wait_batch} step {step_ms:4.0f} ms {label:18s} "
-                  f"{100 * statistics.median(fracs):5.1f} % of the loop time in next()", flush=True)
+            waits.append(
+                {
+                    "impl": label,
+                    "B": args.wait_batch,
+                    "step_ms": step_ms,
+                    "wait_fraction": statistics.median(fracs),
+                    "all": fracs,
+                }
+            )
+            print(
+                f"wait B={args.wait_batch} step {step_ms:4.0f} ms {label:18s} "
+                f"{100 * statistics.median(fracs):5.1f} % of the loop time in next()",
+                flush=True,
+            )
     results["waiting"] = waits
     results["main_peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     results["load_after"] = os.getloadavg()

@@ -62,8 +62,10 @@ def main(argv=None) -> int:
         size = os.path.getsize(text)
         _corpus_key([text])  # into the page cache
         s, cpu = median_s(lambda: _corpus_key([text]), args.repeats)
-        print(f"content key of {size / 1e6:.0f} MB of text: {s:.3f} s wall ({size / 1e6 / s:.0f} MB/s), "
-              f"{cpu:.3f} CPU-s ({size / 1e6 / cpu:.0f} MB per CPU-s)")
+        print(
+            f"content key of {size / 1e6:.0f} MB of text: {s:.3f} s wall ({size / 1e6 / s:.0f} MB/s), "
+            f"{cpu:.3f} CPU-s ({size / 1e6 / cpu:.0f} MB per CPU-s)"
+        )
         os.remove(text)
 
         corpus = os.path.join(tmp, "corpus.txt")
@@ -78,9 +80,11 @@ def main(argv=None) -> int:
         files = sum(os.path.getsize(os.path.join(folder, n)) for n in os.listdir(folder))
         plain, _ = median_s(lambda: TokenIndex.open(folder, verify=False), args.repeats)
         checked, cpu = median_s(lambda: TokenIndex.open(folder), args.repeats)
-        print(f"token index of {args.sentences:,} sentences ({files / 1e6:.0f} MB of files; built in {build_s:.1f} s): "
-              f"open {plain * 1e3:.1f} ms unchecked, {checked * 1e3:.0f} ms wall / {cpu * 1e3:.0f} CPU-ms with the "
-              f"SHA-256 check ({files / 1e6 / cpu:.0f} MB per CPU-s)")
+        print(
+            f"token index of {args.sentences:,} sentences ({files / 1e6:.0f} MB of files; built in {build_s:.1f} s): "
+            f"open {plain * 1e3:.1f} ms unchecked, {checked * 1e3:.0f} ms wall / {cpu * 1e3:.0f} CPU-ms with the "
+            f"SHA-256 check ({files / 1e6 / cpu:.0f} MB per CPU-s)"
+        )
     print(f"load1 {os.getloadavg()[0]:.1f}")
     return 0
 

@@ -30,8 +30,28 @@ import time
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORDS = ["the", "bank", "river", "money", "she", "went", "to", "a", "of", "deposit", "walked", "along",
-         "water", "city", "north", "today", "said", "that", "was", "it"]
+WORDS = [
+    "the",
+    "bank",
+    "river",
+    "money",
+    "she",
+    "went",
+    "to",
+    "a",
+    "of",
+    "deposit",
+    "walked",
+    "along",
+    "water",
+    "city",
+    "north",
+    "today",
+    "said",
+    "that",
+    "was",
+    "it",
+]
 
 
 def write_input(path: str, n: int, seed: int = 0) -> int:
@@ -44,7 +64,7 @@ def write_input(path: str, n: int, seed: int = 0) -> int:
             words = rng.integers(0, len(WORDS), size=int(lengths.sum()))
             pos = 0
             for length in lengths:
-                f.write(" ".join(WORDS[w] for w in words[pos:pos + length]) + "\n")
+                f.write(" ".join(WORDS[w] for w in words[pos : pos + length]) + "\n")
                 pos += length
             tokens += int(lengths.sum())
     return tokens
@@ -58,8 +78,14 @@ def micro_model(folder: str) -> str:
 
     path = os.path.join(folder, "micro-model")
     if not os.path.exists(path):
-        config = ElmoConfig.preset("tiny").replace(dim=16, projection_dim=8, embedding_dim=4,
-                                                   filters=[[1, 8], [2, 8]], n_highway=1, max_characters_per_token=12)
+        config = ElmoConfig.preset("tiny").replace(
+            dim=16,
+            projection_dim=8,
+            embedding_dim=4,
+            filters=[[1, 8], [2, 8]],
+            n_highway=1,
+            max_characters_per_token=12,
+        )
         Elmo.random(config, seed=0).save(path)
     return path
 
@@ -72,8 +98,21 @@ def rss(args) -> list[dict]:
             write_input(src, n)
             out = os.path.join(tmp, f"out{n}.hdf5")
             model = ["--preset", "tiny"] if args.model == "tiny" else ["--model", micro_model(tmp)]
-            cmd = [sys.executable, "-m", "elmo_jax.cli", "embed", src, out, "--top", *model,
-                   "--format", args.format, "--no-progress", "--group-lines", str(args.group_lines)]
+            cmd = [
+                sys.executable,
+                "-m",
+                "elmo_jax.cli",
+                "embed",
+                src,
+                out,
+                "--top",
+                *model,
+                "--format",
+                args.format,
+                "--no-progress",
+                "--group-lines",
+                str(args.group_lines),
+            ]
             env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, os.environ.get("PYTHONPATH", "")]))
             start = time.perf_counter()
             proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -82,9 +121,16 @@ def rss(args) -> list[dict]:
             seconds = time.perf_counter() - start
             if status != 0:
                 raise SystemExit(f"embed failed ({status}):\n{output}")
-            row = {"lines": n, "format": args.format, "model": args.model, "peak_rss_mib": usage.ru_maxrss / 1024,
-                   "seconds": seconds, "output_mib": os.path.getsize(out) / 2**20,
-                   "summary": output.strip().splitlines()[-1], "load": os.getloadavg()}
+            row = {
+                "lines": n,
+                "format": args.format,
+                "model": args.model,
+                "peak_rss_mib": usage.ru_maxrss / 1024,
+                "seconds": seconds,
+                "output_mib": os.path.getsize(out) / 2**20,
+                "summary": output.strip().splitlines()[-1],
+                "load": os.getloadavg(),
+            }
             print(json.dumps(row), flush=True)
             rows.append(row)
             os.remove(out)
@@ -111,14 +157,14 @@ def layouts(args) -> list[dict]:
             with embed_layouts.open_h5(path, "w") as f:
                 embed_layouts.create(f, layout, "top", 3, dim, run)
             for first in range(0, n, group):
-                ls = lengths[first:first + group]
+                ls = lengths[first : first + group]
                 pos = np.concatenate([[0], np.cumsum(ls)])
                 if layout == "sentence_vectors":
                     arrays = [pool[i] for i in range(len(ls))]
                 else:
-                    arrays = [pool[pos[i]:pos[i + 1]] for i in range(len(ls))]
+                    arrays = [pool[pos[i] : pos[i + 1]] for i in range(len(ls))]
                 with embed_layouts.open_h5(path, "r+") as f:
-                    embed_layouts.append(f, first, arrays, texts[first:first + group])
+                    embed_layouts.append(f, first, arrays, texts[first : first + group])
                 fsync_path(path)
             with embed_layouts.open_h5(path, "r+") as f:
                 embed_layouts.finish(f, enumerate(texts))
@@ -133,9 +179,16 @@ def layouts(args) -> list[dict]:
                 emb[int(i)]
             read_ms = (time.perf_counter() - start) / len(picks) * 1e3
             emb.close()
-            row = {"layout": layout, "sentences": n, "tokens": int(lengths.sum()), "write_s": write_s,
-                   "file_mib": os.path.getsize(path) / 2**20, "open_s": open_s, "random_read_ms": read_ms,
-                   "load": os.getloadavg()}
+            row = {
+                "layout": layout,
+                "sentences": n,
+                "tokens": int(lengths.sum()),
+                "write_s": write_s,
+                "file_mib": os.path.getsize(path) / 2**20,
+                "open_s": open_s,
+                "random_read_ms": read_ms,
+                "load": os.getloadavg(),
+            }
             print(json.dumps(row), flush=True)
             rows.append(row)
             os.remove(path)
@@ -149,8 +202,12 @@ def main() -> None:
     r.add_argument("--lines", default="10000,1000000")
     r.add_argument("--format", default="packed", choices=("allennlp", "packed"))
     r.add_argument("--group-lines", type=int, default=2048)
-    r.add_argument("--model", default="tiny", choices=("tiny", "micro"),
-                   help="the tiny preset, or a micro model (LSTM 16, projection 8) for 1M lines on a small CPU")
+    r.add_argument(
+        "--model",
+        default="tiny",
+        choices=("tiny", "micro"),
+        help="the tiny preset, or a micro model (LSTM 16, projection 8) for 1M lines on a small CPU",
+    )
     l = sub.add_parser("layouts")
     l.add_argument("--sentences", type=int, default=1_000_000)
     l.add_argument("--layouts", default="packed,sentence_vectors,allennlp")

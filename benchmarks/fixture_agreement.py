@@ -69,8 +69,9 @@ def main(argv=None) -> int:
     model_dir = pathlib.Path(args.shared) / "fixtures" / "bilm-tf" / "model"
     from machine import cpu_summary, machine_info  # benchmarks/, this script's folder
 
-    result = dict(device=jax.devices()[0].device_kind, backend=jax.default_backend(), jax=jax.__version__,
-                  machine=machine_info())
+    result = dict(
+        device=jax.devices()[0].device_kind, backend=jax.default_backend(), jax=jax.__version__, machine=machine_info()
+    )
     print(f"machine: {cpu_summary(result['machine'])}", flush=True)  # the CPU's vector code sets the rounding
     for precision in ("highest", "default"):
         with jax.default_matmul_precision(precision):
@@ -78,8 +79,10 @@ def main(argv=None) -> int:
             if model_dir.is_dir():
                 row["fixture_max_abs_diff"] = fixture_max_abs_diff(model_dir)
         result[precision] = row
-        print(f"{result['device']} precision={precision}: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()),
-              flush=True)
+        print(
+            f"{result['device']} precision={precision}: " + ", ".join(f"{k} {v:.3g}" for k, v in row.items()),
+            flush=True,
+        )
     if not model_dir.is_dir():
         print(f"bilm-tf fixture not found at {model_dir}: pass --shared DIR holding fixtures/bilm-tf")
     if args.out:

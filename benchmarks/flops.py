@@ -126,6 +126,8 @@ if __name__ == "__main__":
     for name in ("small", "medium", "original"):
         print(format_breakdown(name, ElmoConfig.preset(name)))
     b = breakdown(ElmoConfig.preset("original"))
-    print("original full softmax over 793,471 words adds "
-          f"{softmax_flops(ElmoConfig.preset('original'), None, 793471) / 1e9:.2f} GFLOP/token")
+    print(
+        "original full softmax over 793,471 words adds "
+        f"{softmax_flops(ElmoConfig.preset('original'), None, 793471) / 1e9:.2f} GFLOP/token"
+    )
     assert abs(b["forward_with_sampled_softmax"] / 1e6 - 221) < 1.0, b

@@ -74,8 +74,11 @@ def cpu_model_and_flags() -> tuple[str, str]:
     except OSError:
         pass
     try:  # macOS
-        out = subprocess.run(["sysctl", "-n", "machdep.cpu.brand_string", "machdep.cpu.features",
-                              "machdep.cpu.leaf7_features"], capture_output=True, text=True).stdout.splitlines()
+        out = subprocess.run(
+            ["sysctl", "-n", "machdep.cpu.brand_string", "machdep.cpu.features", "machdep.cpu.leaf7_features"],
+            capture_output=True,
+            text=True,
+        ).stdout.splitlines()
         if out:
             return out[0].strip(), " ".join(out[1:])
     except OSError:
@@ -97,14 +100,22 @@ def machine_info() -> dict:
     """What a result file records about the machine: host, Python, CPUs, CPU model and
     vector extensions, memory (and ``lscpu``'s topology where it exists)."""
     model, flags = cpu_model_and_flags()
-    info = {"hostname": platform.node(), "python": platform.python_version(),
-            "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "cpu_count": os.cpu_count(), "cpu_model": model, "machine": platform.machine(),
-            "vector_extensions": vector_extensions(flags)}
+    info = {
+        "hostname": platform.node(),
+        "python": platform.python_version(),
+        "cpus_available": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+        "cpu_count": os.cpu_count(),
+        "cpu_model": model,
+        "machine": platform.machine(),
+        "vector_extensions": vector_extensions(flags),
+    }
     family, number, vendor = cpu_family_and_model()
     if family is not None:
-        info.update(cpu_family=family, cpu_model_number=number,
-                    cpu_core=amd_core(family, number or 0) if vendor == "AuthenticAMD" else None)
+        info.update(
+            cpu_family=family,
+            cpu_model_number=number,
+            cpu_core=amd_core(family, number or 0) if vendor == "AuthenticAMD" else None,
+        )
     try:
         for line in subprocess.run(["lscpu"], capture_output=True, text=True).stdout.splitlines():
             k, _, v = line.partition(":")

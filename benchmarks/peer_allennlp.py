@@ -49,8 +49,7 @@ def load(model_dir: str, device: str) -> _ElmoBiLm:
 def versions() -> dict:
     import allennlp.version
 
-    return {"torch": torch.__version__, "allennlp": allennlp.version.VERSION,
-            "torch_threads": torch.get_num_threads()}
+    return {"torch": torch.__version__, "allennlp": allennlp.version.VERSION, "torch_threads": torch.get_num_threads()}
 
 
 def forward(model: _ElmoBiLm, ids: torch.Tensor):
@@ -76,10 +75,21 @@ def task_embed(args) -> dict:
     times = timed_reps(lambda: forward(model, ids), args.min_reps, args.min_time, args.max_reps)
     med = statistics.median(times)
     n_tokens = sum(len(s) for s in sents)
-    return {"batch": args.batch, "length": args.length, "tokens": n_tokens, "first_call_s": first,
-            "times": times, "median_s": med, "tokens_per_s": n_tokens / med,
-            "peak_rss_mb": peak_rss_mb(), "rss_after_load_mb": rss_loaded, "device": args.device,
-            "load1_before": load_before, "load1_after": os.getloadavg()[0], **versions()}
+    return {
+        "batch": args.batch,
+        "length": args.length,
+        "tokens": n_tokens,
+        "first_call_s": first,
+        "times": times,
+        "median_s": med,
+        "tokens_per_s": n_tokens / med,
+        "peak_rss_mb": peak_rss_mb(),
+        "rss_after_load_mb": rss_loaded,
+        "device": args.device,
+        "load1_before": load_before,
+        "load1_after": os.getloadavg()[0],
+        **versions(),
+    }
 
 
 def task_agree(args) -> dict:

@@ -63,7 +63,7 @@ def run_json(cmd: list[str], env: dict | None = None, timeout: float = SUBPROCES
         return {"error": f"timed out after {timeout} s: {' '.join(cmd[-8:])}"}
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("RESULT "):
-            out = json.loads(line[len("RESULT "):])
+            out = json.loads(line[len("RESULT ") :])
             out["process_wall_s"] = time.perf_counter() - t0
             return out
     tail = (p.stderr or p.stdout)[-2000:]
@@ -72,10 +72,12 @@ def run_json(cmd: list[str], env: dict | None = None, timeout: float = SUBPROCES
 
 def git_describe() -> str:
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                              cwd=REPO).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "elmo_jax"], capture_output=True,
-                               text=True, cwd=REPO).stdout.strip()
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--", "elmo_jax"], capture_output=True, text=True, cwd=REPO
+        ).stdout.strip()
         return head + (" (elmo_jax/ has uncommitted changes)" if dirty else "")
     except OSError:
         return "?"
@@ -97,14 +99,14 @@ def make_sentences(path: str, lengths, n_sentences: int = 64, seed: int = 0) -> 
     rng = np.random.default_rng(seed)
     letters = list("abcdefghijklmnopqrstuvwxyz")
     words = ["".join(rng.choice(letters, rng.integers(2, 10))) for _ in range(5000)]
-    by_length = {str(n): [[words[i] for i in rng.integers(0, len(words), n)] for _ in range(64)]
-                 for n in sorted(set(lengths))}
+    by_length = {
+        str(n): [[words[i] for i in rng.integers(0, len(words), n)] for _ in range(64)] for n in sorted(set(lengths))
+    }
     agreement = [[words[i] for i in rng.integers(0, len(words), n)] for n in (1, 7, 20, 13, 33, 2)]
     agreement.append("The bank raised interest rates , so she went to the river bank .".split())
     more = np.random.default_rng(seed + 1)  # a separate stream: the sentences above stay as they were
     for n, sents in by_length.items():
-        sents.extend([words[i] for i in more.integers(0, len(words), int(n))]
-                     for _ in range(n_sentences - len(sents)))
+        sents.extend([words[i] for i in more.integers(0, len(words), int(n))] for _ in range(n_sentences - len(sents)))
     with open(path, "w") as f:
         json.dump({"words": words, "by_length": by_length, "agreement": agreement}, f)
 
@@ -142,8 +144,18 @@ class Suite:
     def peer(self, *a: str) -> dict:
         env = dict(os.environ, PYTHONPATH=os.path.join(self.peer_env, "stub"))
         env.pop("JAX_PLATFORMS", None)
-        return run_json([os.path.join(self.peer_env, "bin", "python"), "-W", "ignore",
-                         self.peer_script, *a, "--threads", str(self.threads)], env=env)
+        return run_json(
+            [
+                os.path.join(self.peer_env, "bin", "python"),
+                "-W",
+                "ignore",
+                self.peer_script,
+                *a,
+                "--threads",
+                str(self.threads),
+            ],
+            env=env,
+        )
 
     def model_dir(self, preset: str) -> str:
         return os.path.join(self.tmp, preset)
@@ -156,8 +168,9 @@ class Suite:
         r["command"] = " ".join([os.path.relpath(sys.argv[0], REPO), *sys.argv[1:]])
         r["machine"] = machine_info()
         r["git"] = git_describe()
-        make_sentences(self.sentences, [n for _, n in self.shapes] + [20],
-                       n_sentences=max([64] + [b for b, _ in self.shapes]))
+        make_sentences(
+            self.sentences, [n for _, n in self.shapes] + [20], n_sentences=max([64] + [b for b, _ in self.shapes])
+        )
         r["uptime_start"] = uptime()
         info = self.ours("info")
         if "error" in info:
@@ -172,8 +185,11 @@ class Suite:
         if a.no_peer:
             r["peer"] = {"available": False, "reason": "--no-peer"}
         elif not os.path.exists(os.path.join(self.peer_env, "bin", "python")):
-            r["peer"] = {"available": False, "reason": f"no peer environment at {self.peer_env} "
-                         f"(build it: bash ../shared/peers/allennlp-env.sh {self.peer_env})"}
+            r["peer"] = {
+                "available": False,
+                "reason": f"no peer environment at {self.peer_env} "
+                f"(build it: bash ../shared/peers/allennlp-env.sh {self.peer_env})",
+            }
         else:
             pinfo = self.peer("info")
             if "error" in pinfo:
@@ -186,16 +202,20 @@ class Suite:
                         self.peer_device = "cuda"
                     else:
                         self.peer_device = None
-                        r["notes"].append(f"peer timing skipped: elmo_jax runs on {info['platform']} "
-                                          f"and the peer's torch has no matching device (agreement "
-                                          f"is still checked on CPU)")
+                        r["notes"].append(
+                            f"peer timing skipped: elmo_jax runs on {info['platform']} "
+                            f"and the peer's torch has no matching device (agreement "
+                            f"is still checked on CPU)"
+                        )
                 r["peer"]["device"] = self.peer_device
         if not r["peer"]["available"]:
             log(f"peer unavailable: {r['peer']['reason']}")
             r["notes"].append(f"peer unavailable: {r['peer']['reason']}")
         # Analytic FLOPs.
-        r["flops"] = {p: flops.breakdown(ElmoConfig.preset(p), a.negatives)
-                      for p in sorted(set(self.presets) | set(self.train_presets))}
+        r["flops"] = {
+            p: flops.breakdown(ElmoConfig.preset(p), a.negatives)
+            for p in sorted(set(self.presets) | set(self.train_presets))
+        }
 
     def matmul(self) -> None:
         n = 2048 if self.results["device"]["platform"] == "cpu" else 8192
@@ -208,9 +228,11 @@ class Suite:
         bw = self.ours("membw", "--n", "512", "--min-reps", "10", "--min-time", "2", "--max-reps", MAX_REPS)
         self.results["membw"] = bw
         if "gb_per_s" in bw:
-            log(f"  weight-streaming bandwidth (1-row x @ W, W 512 MiB f32): {bw['gb_per_s']:.1f} GB/s; "
+            log(
+                f"  weight-streaming bandwidth (1-row x @ W, W 512 MiB f32): {bw['gb_per_s']:.1f} GB/s; "
                 f"device -> host copy (48 MiB): {bw['to_host_gb_per_s']:.1f} GB/s"
-                + (" (no copy on the CPU: the host shares the buffer)" if bw.get("platform") == "cpu" else ""))
+                + (" (no copy on the CPU: the host shares the buffer)" if bw.get("platform") == "cpu" else "")
+            )
 
     def save_partial(self) -> None:
         """Write what is measured so far (``OUT.partial``), so a run cut short keeps its rows."""
@@ -249,8 +271,14 @@ class Suite:
                     variants.append(("f32hi", "f32 highest", ["--precision", "highest"]))
                 for label, name, flags in variants:
                     v = self.ours("embed", "--mode", "bilm", *flags, *common, *shape, *self.reps)
-                    rv = {"preset": preset, "batch": batch, "length": length, "tokens": batch * length,
-                          "dtype": label, "ours": v}
+                    rv = {
+                        "preset": preset,
+                        "batch": batch,
+                        "length": length,
+                        "tokens": batch * length,
+                        "dtype": label,
+                        "ours": v,
+                    }
                     if "tokens_per_s" in v:
                         rv["gflops"] = v["tokens_per_s"] * fpt / 1e9
                         rv["util"] = v["tokens_per_s"] * fpt / peak
@@ -264,8 +292,10 @@ class Suite:
                 p = self.ours("parts", *common, "--batch", "16", "--length", "20", *self.reps)
                 self.results.setdefault("parts", {})[preset] = p
                 if "error" not in p:
-                    log(f"  parts (16x20): encoder {p['encoder_median_s']*1e3:.0f} ms, "
-                        f"LSTMs {p['lstm_median_s']*1e3:.0f} ms")
+                    log(
+                        f"  parts (16x20): encoder {p['encoder_median_s'] * 1e3:.0f} ms, "
+                        f"LSTMs {p['lstm_median_s'] * 1e3:.0f} ms"
+                    )
             if self.peer_ok:
                 self.agree(preset)
             if self.results["device"]["platform"] != "cpu":
@@ -283,12 +313,15 @@ class Suite:
         rounds = []
         for k in range(self.args.rounds):
             got = {}
+
             def run_ours():
                 got["ours"] = self.ours("embed", "--mode", "bilm", *common, *shape, *self.reps)  # noqa: B023 - called below
+
             def run_peer():
                 if self.peer_ok and self.peer_device:
                     got["peer"] = self.peer("embed", *common, *shape, *self.reps, "--device", self.peer_device)  # noqa: B023
-            for run in ((run_ours, run_peer) if k % 2 == 0 else (run_peer, run_ours)):
+
+            for run in (run_ours, run_peer) if k % 2 == 0 else (run_peer, run_ours):
                 run()
             if k == 0 and not self.args.no_e2e:
                 got["ours_embed"] = self.ours("embed", "--mode", "embed", *common, *shape, *self.reps)
@@ -309,8 +342,11 @@ class Suite:
                 row[side]["tokens_per_s"] = statistics.median(row[side]["round_tokens_per_s"])
                 row[side]["median_s"] = statistics.median(g["median_s"] for g in ok)
                 row[side].pop("times", None)  # one round's only; each round's are under "rounds"
-        ratios = [g["ours"]["tokens_per_s"] / g["peer"]["tokens_per_s"] for g in rounds
-                  if "tokens_per_s" in g.get("ours", {}) and "tokens_per_s" in g.get("peer", {})]
+        ratios = [
+            g["ours"]["tokens_per_s"] / g["peer"]["tokens_per_s"]
+            for g in rounds
+            if "tokens_per_s" in g.get("ours", {}) and "tokens_per_s" in g.get("peer", {})
+        ]
         if ratios:
             row["ratio"] = statistics.median(ratios)
             row["round_ratios"] = ratios
@@ -326,12 +362,17 @@ class Suite:
             res = {"error": a.get("error") or b.get("error")}
         else:
             x, y = np.load(ours), np.load(theirs)
-            diffs = np.array([[float(np.max(np.abs(x[k][l] - y[k][l]))) for l in range(x[k].shape[0])]
-                              for k in x.files])
+            diffs = np.array(
+                [[float(np.max(np.abs(x[k][l] - y[k][l]))) for l in range(x[k].shape[0])] for k in x.files]
+            )
             scale = max(float(np.max(np.abs(y[k]))) for k in y.files)
-            res = {"sentences": len(x.files), "max_abs_diff_per_layer": diffs.max(axis=0).tolist(),
-                   "max_abs_diff_top": float(diffs[:, -1].max()), "max_abs_value": scale,
-                   "shapes_equal": all(x[k].shape == y[k].shape for k in x.files)}
+            res = {
+                "sentences": len(x.files),
+                "max_abs_diff_per_layer": diffs.max(axis=0).tolist(),
+                "max_abs_diff_top": float(diffs[:, -1].max()),
+                "max_abs_value": scale,
+                "shapes_equal": all(x[k].shape == y[k].shape for k in x.files),
+            }
         self.results.setdefault("agreement", {})[preset] = res
         log(f"  agreement with the peer ({preset}): {res}")
 
@@ -345,8 +386,9 @@ class Suite:
         common = ["--model-dir", self.model_dir(preset), "--sentences", self.sentences]
         paths = {k: os.path.join(self.tmp, f"agree_{k}_{preset}.npz") for k in ("cpu", "default", "highest")}
         env = dict(os.environ, JAX_PLATFORMS="cpu")
-        got = {"cpu": run_json([self.py, "-W", "ignore", self.worker, "agree", *common, "--out", paths["cpu"]],
-                               env=env)}
+        got = {
+            "cpu": run_json([self.py, "-W", "ignore", self.worker, "agree", *common, "--out", paths["cpu"]], env=env)
+        }
         for k in ("default", "highest"):
             got[k] = self.ours("agree", *common, "--precision", k, "--out", paths[k])
         res: dict = {}
@@ -357,10 +399,13 @@ class Suite:
             scale = max(float(np.max(np.abs(ref[k]))) for k in ref.files)
             for k in ("default", "highest"):
                 x = np.load(paths[k])
-                diff = np.array([[float(np.max(np.abs(x[s][l] - ref[s][l]))) for l in range(ref[s].shape[0])]
-                                 for s in ref.files])
-                res[k] = {"max_abs_diff_per_layer": diff.max(axis=0).tolist(),
-                          "max_rel_diff": float(diff.max()) / scale}
+                diff = np.array(
+                    [[float(np.max(np.abs(x[s][l] - ref[s][l]))) for l in range(ref[s].shape[0])] for s in ref.files]
+                )
+                res[k] = {
+                    "max_abs_diff_per_layer": diff.max(axis=0).tolist(),
+                    "max_rel_diff": float(diff.max()) / scale,
+                }
             res["max_abs_value"] = scale
         self.results.setdefault("agreement_device_vs_cpu", {})[preset] = res
         log(f"  {self.results['device']['platform']} vs CPU ({preset}): {res}")
@@ -376,16 +421,40 @@ class Suite:
             fpt = flops.train_flops_per_token(cfg, self.args.negatives)
             for dtype in dtypes:
                 log(f"{preset}: training step ({dtype}), batch {b} x unroll {t} ...")
-                r = self.ours("train", "--preset", preset, "--sentences", self.sentences, "--batch", str(b),
-                              "--length", str(t), "--steps", steps, "--vocab", str(self.args.vocab),
-                              "--negatives", str(self.args.negatives), "--dtype", dtype)
+                r = self.ours(
+                    "train",
+                    "--preset",
+                    preset,
+                    "--sentences",
+                    self.sentences,
+                    "--batch",
+                    str(b),
+                    "--length",
+                    str(t),
+                    "--steps",
+                    steps,
+                    "--vocab",
+                    str(self.args.vocab),
+                    "--negatives",
+                    str(self.args.negatives),
+                    "--dtype",
+                    dtype,
+                )
                 if "tokens_per_s" in r:
                     r["gflops"] = r["tokens_per_s"] * fpt / 1e9
                     r["util"] = r["tokens_per_s"] * fpt / peak
-                    log(f"  {r['tokens_per_s']:.0f} tokens/s, {r['gflops']:.1f} GFLOP/s, "
-                        f"compile {r['lower_s'] + r['compile_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB")
-                    f32 = next((x for x in rows if x.get("preset") == preset and x.get("dtype") == "float32"
-                                and "losses" in x), None)
+                    log(
+                        f"  {r['tokens_per_s']:.0f} tokens/s, {r['gflops']:.1f} GFLOP/s, "
+                        f"compile {r['lower_s'] + r['compile_s']:.1f} s, peak RSS {r['peak_rss_mb']:.0f} MB"
+                    )
+                    f32 = next(
+                        (
+                            x
+                            for x in rows
+                            if x.get("preset") == preset and x.get("dtype") == "float32" and "losses" in x
+                        ),
+                        None,
+                    )
                     if dtype != "float32" and f32 is not None:
                         # same init, batch and keys: the loss after each step, bf16 against f32
                         r["loss_abs_diff_vs_f32"] = [abs(u - v) for u, v in zip(r["losses"], f32["losses"])]
@@ -402,9 +471,24 @@ class Suite:
         for length in self.memory_lengths:
             for k in (0, remat):
                 log(f"{preset}: training memory, batch 32 x unroll {length}, remat_steps {k} ...")
-                r = self.ours("train", "--preset", preset, "--sentences", self.sentences, "--batch", "32",
-                              "--length", str(length), "--vocab", str(self.args.vocab),
-                              "--negatives", str(self.args.negatives), "--remat", str(k), "--compile-only")
+                r = self.ours(
+                    "train",
+                    "--preset",
+                    preset,
+                    "--sentences",
+                    self.sentences,
+                    "--batch",
+                    "32",
+                    "--length",
+                    str(length),
+                    "--vocab",
+                    str(self.args.vocab),
+                    "--negatives",
+                    str(self.args.negatives),
+                    "--remat",
+                    str(k),
+                    "--compile-only",
+                )
                 if "error" in r:
                     log(f"  failed: {r['error'][-300:]}")
                 else:
@@ -421,59 +505,79 @@ class Suite:
             return f"{row['preset']} {row['batch']}x{row['length']}: FAILED {o['error'][-300:]}"
         p = row.get("peer", {})
         e = row.get("ours_embed", {})
-        return (f"{row['preset']} {row['batch']}x{row['length']}: ours {o['tokens_per_s']:.0f} tok/s"
-                + (f", embed() {e['tokens_per_s']:.0f}" if "tokens_per_s" in e else "")
-                + (f", peer {p['tokens_per_s']:.0f} (x{row['ratio']:.2f})" if "tokens_per_s" in p else "")
-                + f", {row['gflops']:.1f} GFLOP/s")
+        return (
+            f"{row['preset']} {row['batch']}x{row['length']}: ours {o['tokens_per_s']:.0f} tok/s"
+            + (f", embed() {e['tokens_per_s']:.0f}" if "tokens_per_s" in e else "")
+            + (f", peer {p['tokens_per_s']:.0f} (x{row['ratio']:.2f})" if "tokens_per_s" in p else "")
+            + f", {row['gflops']:.1f} GFLOP/s"
+        )
 
     def report(self) -> str:
         r = self.results
         m = r["machine"]
         d = r["device"]
         lines = []
-        lines.append(f"date {r['date']} | {cpu_summary(m)}, {m['cpus_available']} CPUs available, "
-                     f"{m.get('mem_total_gb', '?')} GB | device {d['platform']}/{d['device_kind']} "
-                     f"x{d['n_devices']} | jax {d['jax']}, jaxlib {d['jaxlib']} | elmo_jax {r['git']}"
-                     + (f" | peer torch {r['peer']['torch']}, allennlp {r['peer']['allennlp']}, "
-                        f"{r['peer']['torch_threads']} threads on {r['peer'].get('device')}"
-                        if r["peer"].get("available") else " | peer unavailable"))
+        lines.append(
+            f"date {r['date']} | {cpu_summary(m)}, {m['cpus_available']} CPUs available, "
+            f"{m.get('mem_total_gb', '?')} GB | device {d['platform']}/{d['device_kind']} "
+            f"x{d['n_devices']} | jax {d['jax']}, jaxlib {d['jaxlib']} | elmo_jax {r['git']}"
+            + (
+                f" | peer torch {r['peer']['torch']}, allennlp {r['peer']['allennlp']}, "
+                f"{r['peer']['torch_threads']} threads on {r['peer'].get('device')}"
+                if r["peer"].get("available")
+                else " | peer unavailable"
+            )
+        )
         lines.append(f"load: start [{r['uptime_start']}]  end [{r.get('uptime_end', '')}]")
         mm = r["matmul"]
-        lines.append(f"fp32 matmul peak (jax, {mm['n']}^3, median of {len(mm['times'])}): "
-                     f"{mm['gflops']:.1f} GFLOP/s (best {mm['best_gflops']:.1f})")
+        lines.append(
+            f"fp32 matmul peak (jax, {mm['n']}^3, median of {len(mm['times'])}): "
+            f"{mm['gflops']:.1f} GFLOP/s (best {mm['best_gflops']:.1f})"
+        )
         lines.append("")
         lines.append("Analytic FLOPs per token (forward; ELMO.md section 4 layout):")
         for p in r["flops"]:
             lines.append("  " + flops.format_breakdown(p, ElmoConfig.preset(p), self.args.negatives))
         lines.append("")
-        lines.append("Embedding (tokens/s = real tokens, no markers/padding; 'ours' = jitted bilm on fixed-shape "
-                     "char ids, 'embed()' = Elmo.embed end to end incl. tokenisation, bucketing and host copy):")
+        lines.append(
+            "Embedding (tokens/s = real tokens, no markers/padding; 'ours' = jitted bilm on fixed-shape "
+            "char ids, 'embed()' = Elmo.embed end to end incl. tokenisation, bucketing and host copy):"
+        )
         if self.args.rounds > 1:
-            lines.append(f"  ({self.args.rounds} rounds of ours and the peer in alternating order: tok/s are medians "
-                         "over rounds, ours/peer the median of the per-round ratios, shown after the table)")
-        hdr = (f"{'preset':9s} {'dtype':5s} {'batch':>5s} {'len':>4s} {'ours tok/s':>10s} {'embed()':>8s} {'peer tok/s':>10s} "
-               f"{'ours/peer':>9s} {'GFLOP/s':>8s} {'%peak':>6s} {'compile s':>9s} {'1st embed()':>11s} "
-               f"{'RSS MB':>7s} {'peer RSS':>8s} {'load1':>5s}")
+            lines.append(
+                f"  ({self.args.rounds} rounds of ours and the peer in alternating order: tok/s are medians "
+                "over rounds, ours/peer the median of the per-round ratios, shown after the table)"
+            )
+        hdr = (
+            f"{'preset':9s} {'dtype':5s} {'batch':>5s} {'len':>4s} {'ours tok/s':>10s} {'embed()':>8s} {'peer tok/s':>10s} "
+            f"{'ours/peer':>9s} {'GFLOP/s':>8s} {'%peak':>6s} {'compile s':>9s} {'1st embed()':>11s} "
+            f"{'RSS MB':>7s} {'peer RSS':>8s} {'load1':>5s}"
+        )
         lines.append(hdr)
         for row in r.get("embed", []):
             o, e, p = row.get("ours", {}), row.get("ours_embed", {}), row.get("peer", {})
             if "error" in o:
                 lines.append(f"{row['preset']:9s} {row['batch']:5d} {row['length']:4d} FAILED: {o['error'][-200:]}")
                 continue
-            f = lambda x, k, fmt: (format(x[k], fmt) if k in x else "-")  # noqa: E731
+            f = lambda x, k, fmt: format(x[k], fmt) if k in x else "-"  # noqa: E731
             lines.append(
                 f"{row['preset']:9s} {row.get('dtype', 'f32')[:5]:5s} {row['batch']:5d} {row['length']:4d} {o['tokens_per_s']:10.0f} "
                 f"{f(e, 'tokens_per_s', '8.0f'):>8s} {f(p, 'tokens_per_s', '10.0f'):>10s} "
                 f"{f(row, 'ratio', '9.2f'):>9s} {row['gflops']:8.1f} {100 * row['util']:6.1f} "
                 f"{o['lower_s'] + o['compile_s']:9.2f} {f(e, 'first_call_s', '11.2f'):>11s} "
-                f"{o['peak_rss_mb']:7.0f} {f(p, 'peak_rss_mb', '8.0f'):>8s} {o['load1_before']:5.2f}")
+                f"{o['peak_rss_mb']:7.0f} {f(p, 'peak_rss_mb', '8.0f'):>8s} {o['load1_before']:5.2f}"
+            )
         per_round = [row for row in r.get("embed", []) if len(row.get("round_ratios", [])) > 1]
         if per_round:
             lines.append("")
             lines.append("Per round (ours tok/s / peer tok/s = ratio):")
             for row in per_round:
-                cells = [f"{o:.0f}/{p:.0f}={q:.2f}" for o, p, q in zip(
-                    row["ours"]["round_tokens_per_s"], row["peer"]["round_tokens_per_s"], row["round_ratios"])]
+                cells = [
+                    f"{o:.0f}/{p:.0f}={q:.2f}"
+                    for o, p, q in zip(
+                        row["ours"]["round_tokens_per_s"], row["peer"]["round_tokens_per_s"], row["round_ratios"]
+                    )
+                ]
                 lines.append(f"  {row['preset']:9s} {row['batch']:3d}x{row['length']:<3d} " + "  ".join(cells))
         b16 = [row for row in r.get("embed", []) if row.get("dtype") == "bfloat16" and "tokens_per_s" in row["ours"]]
         if b16:
@@ -481,31 +585,42 @@ class Suite:
             lines.append("bfloat16 compute (f32 params, cell state and accumulation) against float32, same input:")
             for row in b16:
                 o = row["ours"]
-                lines.append(f"  {row['preset']:9s} {row['batch']:3d}x{row['length']:<3d} speed x{row['speedup_vs_f32']:.2f}, "
-                             f"max |bf16 - f32| / max |f32| = {o['max_rel_err_vs_f32']:.2e} (per layer "
-                             + ", ".join(f"{e:.3f}" for e in o["max_abs_err_vs_f32_per_layer"]) + " of max "
-                             + ", ".join(f"{v:.2f}" for v in o["max_abs_f32_per_layer"]) + ")")
+                lines.append(
+                    f"  {row['preset']:9s} {row['batch']:3d}x{row['length']:<3d} speed x{row['speedup_vs_f32']:.2f}, "
+                    f"max |bf16 - f32| / max |f32| = {o['max_rel_err_vs_f32']:.2e} (per layer "
+                    + ", ".join(f"{e:.3f}" for e in o["max_abs_err_vs_f32_per_layer"])
+                    + " of max "
+                    + ", ".join(f"{v:.2f}" for v in o["max_abs_f32_per_layer"])
+                    + ")"
+                )
         bw = r.get("membw", {}).get("gb_per_s")
         singles = [row for row in r.get("embed", []) if row["batch"] == 1 and "tokens_per_s" in row["ours"]]
         if bw and singles:
             lines.append("")
             llc = last_level_cache_bytes()
-            lines.append(f"Single sentence vs the weight-traffic bound (weight-streaming bandwidth {bw:.1f} GB/s "
-                         f"measured above; each of the T+2 LSTM steps must read every recurrent weight, the rest "
-                         f"is read once; last-level cache {llc / 2**20:.0f} MiB):" if llc else
-                         f"Single sentence vs the weight-traffic bound (weight-streaming bandwidth {bw:.1f} GB/s "
-                         f"measured above; each of the T+2 LSTM steps must read every recurrent weight, the rest "
-                         f"is read once):")
+            lines.append(
+                f"Single sentence vs the weight-traffic bound (weight-streaming bandwidth {bw:.1f} GB/s "
+                f"measured above; each of the T+2 LSTM steps must read every recurrent weight, the rest "
+                f"is read once; last-level cache {llc / 2**20:.0f} MiB):"
+                if llc
+                else f"Single sentence vs the weight-traffic bound (weight-streaming bandwidth {bw:.1f} GB/s "
+                f"measured above; each of the T+2 LSTM steps must read every recurrent weight, the rest "
+                f"is read once):"
+            )
             for row in singles:
                 cfg = ElmoConfig.preset(row["preset"])
                 bound = flops.weight_traffic_bound(cfg, row["length"], bw * 1e9, row.get("dtype", "float32"))
                 got = row["ours"]["tokens_per_s"]
-                line = (f"  {row['preset']:9s} {row.get('dtype', 'float32'):8s} 1x{row['length']}: "
-                        f"{got:7.1f} tok/s, bound {bound:7.1f} tok/s ({100 * got / bound:5.1f} % of it)")
+                line = (
+                    f"  {row['preset']:9s} {row.get('dtype', 'float32'):8s} 1x{row['length']}: "
+                    f"{got:7.1f} tok/s, bound {bound:7.1f} tok/s ({100 * got / bound:5.1f} % of it)"
+                )
                 recurrent_mb = flops.recurrent_weight_bytes(cfg) / 2**20
                 if llc and recurrent_mb * 2**20 < llc:
-                    line += (f"; its recurrent weights ({recurrent_mb:.0f} MiB) fit in the cache, "
-                             f"so the memory bound does not apply")
+                    line += (
+                        f"; its recurrent weights ({recurrent_mb:.0f} MiB) fit in the cache, "
+                        f"so the memory bound does not apply"
+                    )
                 lines.append(line)
         if r.get("parts"):
             lines.append("")
@@ -513,8 +628,17 @@ class Suite:
             for preset, p in r["parts"].items():
                 if "error" in p:
                     continue
-                full = next((row["ours"]["median_s"] for row in r["embed"] if row["preset"] == preset
-                             and row["batch"] == 16 and row["length"] == 20 and "median_s" in row["ours"]), None)
+                full = next(
+                    (
+                        row["ours"]["median_s"]
+                        for row in r["embed"]
+                        if row["preset"] == preset
+                        and row["batch"] == 16
+                        and row["length"] == 20
+                        and "median_s" in row["ours"]
+                    ),
+                    None,
+                )
                 b = r["flops"][preset]
                 n_tok, n_pos = 16 * 20, 16 * 22  # encoded tokens; LSTM positions incl. <S> and </S>
                 lines.append(
@@ -523,24 +647,31 @@ class Suite:
                     f"LSTMs {p['lstm_median_s'] * 1e3:7.1f} ms "
                     f"({n_pos * b['lstm_total'] / p['lstm_median_s'] / 1e9:6.1f} GFLOP/s), "
                     f"sum {1e3 * (p['encoder_median_s'] + p['lstm_median_s']):7.1f} ms vs whole bilm "
-                    + (f"{full * 1e3:7.1f} ms" if full else "-"))
+                    + (f"{full * 1e3:7.1f} ms" if full else "-")
+                )
         hi = [row for row in r.get("embed", []) if row.get("dtype") == "f32hi" and "tokens_per_s" in row["ours"]]
         if hi:
             lines.append("")
             lines.append("Full float32 matmuls (precision 'highest') against the default precision, same input:")
             for row in hi:
-                lines.append(f"  {row['preset']:9s} {row['batch']:4d}x{row['length']:<3d} "
-                             f"{row['ours']['tokens_per_s']:10.0f} tok/s, speed x{row['speedup_vs_f32']:.2f}")
+                lines.append(
+                    f"  {row['preset']:9s} {row['batch']:4d}x{row['length']:<3d} "
+                    f"{row['ours']['tokens_per_s']:10.0f} tok/s, speed x{row['speedup_vs_f32']:.2f}"
+                )
         if r.get("agreement_device_vs_cpu"):
             lines.append("")
-            lines.append(f"{d['platform']} against this package on the host CPU (same weights and sentences, "
-                         "all 3 layers; max |device - cpu| / max |cpu|):")
+            lines.append(
+                f"{d['platform']} against this package on the host CPU (same weights and sentences, "
+                "all 3 layers; max |device - cpu| / max |cpu|):"
+            )
             for preset, a in r["agreement_device_vs_cpu"].items():
                 if "error" in a:
                     lines.append(f"  {preset}: FAILED {a['error'][-300:]}")
                 else:
-                    lines.append(f"  {preset:9s} default precision {a['default']['max_rel_diff']:.1e}, "
-                                 f"highest {a['highest']['max_rel_diff']:.1e} (max |value| {a['max_abs_value']:.2f})")
+                    lines.append(
+                        f"  {preset:9s} default precision {a['default']['max_rel_diff']:.1e}, "
+                        f"highest {a['highest']['max_rel_diff']:.1e} (max |value| {a['max_abs_value']:.2f})"
+                    )
         if r.get("agreement"):
             lines.append("")
             lines.append("Agreement with the peer (same weights, zero state, all 3 layers, markers removed):")
@@ -548,37 +679,54 @@ class Suite:
                 if "error" in a:
                     lines.append(f"  {preset}: FAILED {a['error'][-300:]}")
                 else:
-                    lines.append(f"  {preset:9s} {a['sentences']} sentences: max |ours - peer| per layer "
-                                 + ", ".join(f"{v:.2e}" for v in a["max_abs_diff_per_layer"])
-                                 + f" (max |value| {a['max_abs_value']:.2f}), shapes equal: {a['shapes_equal']}")
+                    lines.append(
+                        f"  {preset:9s} {a['sentences']} sentences: max |ours - peer| per layer "
+                        + ", ".join(f"{v:.2e}" for v in a["max_abs_diff_per_layer"])
+                        + f" (max |value| {a['max_abs_value']:.2f}), shapes equal: {a['shapes_equal']}"
+                    )
         if r.get("train"):
             lines.append("")
-            lines.append(f"Training (jitted train_step, adagrad 0.2, clip 10, dropout 0.1, sampled softmax "
-                         f"{self.args.negatives} of vocab {self.args.vocab}; tokens = batch x unroll per step):")
-            lines.append(f"{'preset':9s} {'dtype':5s} {'batch x T':>9s} {'step s':>7s} {'tok/s':>7s} {'GFLOP/s':>8s} "
-                         f"{'%peak':>6s} {'compile s':>9s} {'RSS MB':>7s} {'load1':>5s}")
+            lines.append(
+                f"Training (jitted train_step, adagrad 0.2, clip 10, dropout 0.1, sampled softmax "
+                f"{self.args.negatives} of vocab {self.args.vocab}; tokens = batch x unroll per step):"
+            )
+            lines.append(
+                f"{'preset':9s} {'dtype':5s} {'batch x T':>9s} {'step s':>7s} {'tok/s':>7s} {'GFLOP/s':>8s} "
+                f"{'%peak':>6s} {'compile s':>9s} {'RSS MB':>7s} {'load1':>5s}"
+            )
             for t in r["train"]:
                 if "error" in t:
                     lines.append(f"FAILED: {t['error'][-300:]}")
                     continue
-                lines.append(f"{t['preset']:9s} {t.get('dtype', 'float32')[:5]:5s} {t['batch']:>4d} x {t['unroll']:<2d} {t['median_s']:7.2f} "
-                             f"{t['tokens_per_s']:7.0f} {t['gflops']:8.1f} {100 * t['util']:6.1f} "
-                             f"{t['lower_s'] + t['compile_s']:9.2f} {t['peak_rss_mb']:7.0f} {t['load1_before']:5.2f}"
-                             + (f"  x{t['speedup_vs_f32']:.2f} vs f32, |loss - f32 loss| per step "
-                                + ", ".join(f"{d:.1e}" for d in t["loss_abs_diff_vs_f32"])
-                                if "loss_abs_diff_vs_f32" in t else ""))
+                lines.append(
+                    f"{t['preset']:9s} {t.get('dtype', 'float32')[:5]:5s} {t['batch']:>4d} x {t['unroll']:<2d} {t['median_s']:7.2f} "
+                    f"{t['tokens_per_s']:7.0f} {t['gflops']:8.1f} {100 * t['util']:6.1f} "
+                    f"{t['lower_s'] + t['compile_s']:9.2f} {t['peak_rss_mb']:7.0f} {t['load1_before']:5.2f}"
+                    + (
+                        f"  x{t['speedup_vs_f32']:.2f} vs f32, |loss - f32 loss| per step "
+                        + ", ".join(f"{d:.1e}" for d in t["loss_abs_diff_vs_f32"])
+                        if "loss_abs_diff_vs_f32" in t
+                        else ""
+                    )
+                )
         if r.get("memory"):
             lines.append("")
-            lines.append("Training memory vs unroll length (batch 32; XLA's compiled memory analysis of "
-                         "train_step: temporary buffers of one step, beyond params/optimizer state/batch):")
-            lines.append(f"{'preset':9s} {'unroll':>6s} {'remat':>5s} {'temp MiB':>9s} {'MiB/step':>9s} "
-                         f"{'args MiB':>9s} {'compile s':>9s}")
+            lines.append(
+                "Training memory vs unroll length (batch 32; XLA's compiled memory analysis of "
+                "train_step: temporary buffers of one step, beyond params/optimizer state/batch):"
+            )
+            lines.append(
+                f"{'preset':9s} {'unroll':>6s} {'remat':>5s} {'temp MiB':>9s} {'MiB/step':>9s} "
+                f"{'args MiB':>9s} {'compile s':>9s}"
+            )
             for t in r["memory"]:
                 if "error" in t or "temp_mb" not in t:
                     lines.append(f"FAILED: {t.get('error', 'no memory analysis on this backend')[-300:]}")
                     continue
-                lines.append(f"{t['preset']:9s} {t['unroll']:6d} {t['remat']:5d} {t['temp_mb']:9.0f} "
-                             f"{t['temp_mb'] / t['unroll']:9.1f} {t['argument_mb']:9.0f} {t['compile_s']:9.1f}")
+                lines.append(
+                    f"{t['preset']:9s} {t['unroll']:6d} {t['remat']:5d} {t['temp_mb']:9.0f} "
+                    f"{t['temp_mb'] / t['unroll']:9.1f} {t['argument_mb']:9.0f} {t['compile_s']:9.1f}"
+                )
         if r["notes"]:
             lines.append("")
             lines.extend(f"note: {n}" for n in r["notes"])
@@ -588,46 +736,69 @@ class Suite:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--quick", action="store_true", help="small preset only, fewer repetitions (a few minutes)")
-    p.add_argument("--presets", help="embedding presets (default: small,medium,original; --quick: small; 'none' to skip)")
-    p.add_argument("--train-presets", help="training presets (default: small,original; --quick: small; "
-                                           "'none' to skip)")
-    p.add_argument("--train-batch", type=int, default=128,
-                   help="training batch rows per step (unroll is 20); 128 is the recipe's per-GPU batch")
-    p.add_argument("--bf16-shapes", default="64x20,1x20",
-                   help="embedding shapes also measured with bfloat16 compute ('none' to skip)")
-    p.add_argument("--highest-shapes", default="auto",
-                   help="embedding shapes also measured with full-float32 matmuls (precision 'highest'; "
-                        "'auto': the --bf16-shapes on an accelerator, none on CPU, where it is the default)")
+    p.add_argument(
+        "--presets", help="embedding presets (default: small,medium,original; --quick: small; 'none' to skip)"
+    )
+    p.add_argument("--train-presets", help="training presets (default: small,original; --quick: small; 'none' to skip)")
+    p.add_argument(
+        "--train-batch",
+        type=int,
+        default=128,
+        help="training batch rows per step (unroll is 20); 128 is the recipe's per-GPU batch",
+    )
+    p.add_argument(
+        "--bf16-shapes",
+        default="64x20,1x20",
+        help="embedding shapes also measured with bfloat16 compute ('none' to skip)",
+    )
+    p.add_argument(
+        "--highest-shapes",
+        default="auto",
+        help="embedding shapes also measured with full-float32 matmuls (precision 'highest'; "
+        "'auto': the --bf16-shapes on an accelerator, none on CPU, where it is the default)",
+    )
     p.add_argument("--no-bf16-train", action="store_true", help="skip the bfloat16 training rows")
     p.add_argument("--memory-preset", default="small", help="preset of the memory-vs-length rows")
-    p.add_argument("--memory-lengths", default="20,80,320,1280",
-                   help="unroll lengths of the training memory rows, with and without remat ('none' to skip)")
+    p.add_argument(
+        "--memory-lengths",
+        default="20,80,320,1280",
+        help="unroll lengths of the training memory rows, with and without remat ('none' to skip)",
+    )
     p.add_argument("--memory-remat", type=int, default=20, help="remat_steps of the rematerialised rows")
     p.add_argument("--vocab", type=int, default=100_000)
     p.add_argument("--negatives", type=int, default=8192)
     p.add_argument("--peer-env", default=os.environ.get("ELMO_PEER_ENV", "/work/peer-env"))
-    p.add_argument("--rounds", type=int, default=1,
-                   help="embedding rows: repeat ours and the peer this many times, alternating "
-                        "their order; report medians (the peer's speed drifts by up to 30%% "
-                        "between runs on a shared machine)")
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="embedding rows: repeat ours and the peer this many times, alternating "
+        "their order; report medians (the peer's speed drifts by up to 30%% "
+        "between runs on a shared machine)",
+    )
     p.add_argument("--no-peer", action="store_true")
     p.add_argument("--no-e2e", action="store_true", help="skip the Elmo.embed end-to-end column")
     p.add_argument("--no-parts", action="store_true", help="skip timing encoder and LSTMs separately")
-    p.add_argument("--shapes", help="embedding shapes as BATCHxLENGTH,... ("
-                                    "default: 16x20,16x60,64x20,64x60,1x20)")
+    p.add_argument("--shapes", help="embedding shapes as BATCHxLENGTH,... (default: 16x20,16x60,64x20,64x60,1x20)")
     p.add_argument("--keep-tmp", action="store_true", help="keep the temp dir (weights, sentences)")
     p.add_argument("--out", default="benchmark_results.json")
     args = p.parse_args()
-    for option, value, low in (("--rounds", args.rounds, 1), ("--train-batch", args.train_batch, 1),
-                               ("--negatives", args.negatives, 1), ("--vocab", args.vocab, 4),
-                               ("--memory-remat", args.memory_remat, 1)):
+    for option, value, low in (
+        ("--rounds", args.rounds, 1),
+        ("--train-batch", args.train_batch, 1),
+        ("--negatives", args.negatives, 1),
+        ("--vocab", args.vocab, 4),
+        ("--memory-remat", args.memory_remat, 1),
+    ):
         if value < low:
             p.error(f"{option} must be at least {low}, got {value}")
 
     if args.vocab <= args.negatives:
-        p.error(f"--vocab {args.vocab} must exceed --negatives {args.negatives}: the training rows measure "
-                f"(and count the FLOPs of) a sampled softmax, which the loss replaces by the full softmax "
-                f"when the vocabulary is not larger than the negatives")
+        p.error(
+            f"--vocab {args.vocab} must exceed --negatives {args.negatives}: the training rows measure "
+            f"(and count the FLOPs of) a sampled softmax, which the loss replaces by the full softmax "
+            f"when the vocabulary is not larger than the negatives"
+        )
 
     def parse_list(option: str, value: str | None, default: str) -> list[str]:
         value = default if value is None else value
@@ -648,8 +819,7 @@ def main() -> None:
         for item in value.split(","):
             parts = item.strip().split("x")
             if len(parts) != 2 or not all(u.isdigit() and int(u) > 0 for u in parts):
-                p.error(f"{option}: {item!r} is not BATCHxLENGTH with two positive integers (e.g. 64x20), "
-                        f"or 'none'")
+                p.error(f"{option}: {item!r} is not BATCHxLENGTH with two positive integers (e.g. 64x20), or 'none'")
             shapes.append((int(parts[0]), int(parts[1])))
         return shapes
 

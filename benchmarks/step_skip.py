@@ -75,19 +75,39 @@ def main(argv=None) -> int:
         h0 = jnp.zeros((n_dir, n_rows, dim_p), jnp.float32)
         c0 = jnp.zeros((n_dir, n_rows, dim_h), jnp.float32)
         call = (w_h, w_p, gx, mask, h0, c0)
-        same = all(bool(jnp.array_equal(a, b)) for a, b in
-                   zip(jax.tree.leaves(scan_j(*call)), jax.tree.leaves(active_j(*call))))
+        same = all(
+            bool(jnp.array_equal(a, b))
+            for a, b in zip(jax.tree.leaves(scan_j(*call)), jax.tree.leaves(active_j(*call)))
+        )
         t_scan = _median_ms(scan_j, call, args.repeats)
         t_active = _median_ms(active_j, call, args.repeats)
-        row = dict(rows=n_rows, steps=n_time, used=n_used, scan_ms=round(t_scan, 4),
-                   while_ms=round(t_active, 4), ratio=round(t_active / t_scan, 3), identical=same)
+        row = dict(
+            rows=n_rows,
+            steps=n_time,
+            used=n_used,
+            scan_ms=round(t_scan, 4),
+            while_ms=round(t_active, 4),
+            ratio=round(t_active / t_scan, 3),
+            identical=same,
+        )
         rows.append(row)
-        print(f"rows {n_rows:3d}  steps {n_used:2d}/{n_time:2d}  scan {t_scan:8.3f} ms  "
-              f"while {t_active:8.3f} ms  while/scan {t_active / t_scan:5.2f}  identical {same}")
+        print(
+            f"rows {n_rows:3d}  steps {n_used:2d}/{n_time:2d}  scan {t_scan:8.3f} ms  "
+            f"while {t_active:8.3f} ms  while/scan {t_active / t_scan:5.2f}  identical {same}"
+        )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(device=jax.devices()[0].device_kind, backend=jax.default_backend(),
-                           jax=jax.__version__, machine=machine_info(), cases=rows), f, indent=1)
+            json.dump(
+                dict(
+                    device=jax.devices()[0].device_kind,
+                    backend=jax.default_backend(),
+                    jax=jax.__version__,
+                    machine=machine_info(),
+                    cases=rows,
+                ),
+                f,
+                indent=1,
+            )
     return 0
 
 

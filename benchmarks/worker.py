@@ -90,8 +90,14 @@ def task_matmul(args) -> dict:
     jax.block_until_ready(f(a, b))
     times = timed_reps(lambda: jax.block_until_ready(f(a, b)), args.min_reps, args.min_time, args.max_reps)
     med = statistics.median(times)
-    return {"n": n, "times": times, "median_s": med, "gflops": 2 * n**3 / med / 1e9,
-            "best_gflops": 2 * n**3 / min(times) / 1e9, **device_info()}
+    return {
+        "n": n,
+        "times": times,
+        "median_s": med,
+        "gflops": 2 * n**3 / med / 1e9,
+        "best_gflops": 2 * n**3 / min(times) / 1e9,
+        **device_info(),
+    }
 
 
 def task_membw(args) -> dict:
@@ -119,9 +125,15 @@ def task_membw(args) -> dict:
         t0 = time.perf_counter()
         np.asarray(y)
         d2h.append(time.perf_counter() - t0)
-    return {"mib": args.n, "times": times, "median_s": med, "gb_per_s": k * n * 4 / med / 1e9,
-            "best_gb_per_s": k * n * 4 / min(times) / 1e9,
-            "to_host_gb_per_s": 48 * 2**20 / statistics.median(d2h) / 1e9, **device_info()}
+    return {
+        "mib": args.n,
+        "times": times,
+        "median_s": med,
+        "gb_per_s": k * n * 4 / med / 1e9,
+        "best_gb_per_s": k * n * 4 / min(times) / 1e9,
+        "to_host_gb_per_s": 48 * 2**20 / statistics.median(d2h) / 1e9,
+        **device_info(),
+    }
 
 
 def _dtype(name: str):
@@ -165,8 +177,7 @@ def task_embed(args) -> dict:
         t3 = time.perf_counter()
         call()  # first execution (allocations, thread pool warm-up)
         first = time.perf_counter() - t3
-        out.update(lower_s=t1 - t0, compile_s=t2 - t1, first_call_s=first, dtype=args.dtype,
-                   precision=args.precision)
+        out.update(lower_s=t1 - t0, compile_s=t2 - t1, first_call_s=first, dtype=args.dtype, precision=args.precision)
         if dtype != jnp.float32:  # accuracy cost against float32 on the same input
             ref = np.asarray(jax.jit(bilm, static_argnums=1)(elmo.params, cfg, ids, None, lengths)[0])
             low = np.asarray(compiled(elmo.params, ids, None, lengths, markers=markers)[0])
@@ -174,6 +185,7 @@ def task_embed(args) -> dict:
             out["max_abs_f32_per_layer"] = np.abs(ref).max(axis=(1, 2, 3)).tolist()
             out["max_rel_err_vs_f32"] = float(np.abs(low - ref).max() / np.abs(ref).max())
     elif args.mode == "embed":
+
         def call():
             elmo.embed(sents, batch_size=args.batch)  # returns host numpy arrays
 
@@ -190,9 +202,16 @@ def task_embed(args) -> dict:
         # More than one executable for one input shape would mean a recompile per call.
         out["jit_cache_entries"] = elmo._forward._cache_size()
     med = statistics.median(times)
-    out.update(times=times, median_s=med, tokens_per_s=n_tokens / med,
-               peak_rss_mb=peak_rss_mb(), rss_after_load_mb=rss_loaded,
-               load1_before=load_before, load1_after=os.getloadavg()[0], **device_info())
+    out.update(
+        times=times,
+        median_s=med,
+        tokens_per_s=n_tokens / med,
+        peak_rss_mb=peak_rss_mb(),
+        rss_after_load_mb=rss_loaded,
+        load1_before=load_before,
+        load1_after=os.getloadavg()[0],
+        **device_info(),
+    )
     return out
 
 
@@ -219,8 +238,10 @@ def task_parts(args) -> dict:
     m = jnp.stack([mask, mask])
     lstm = jax.jit(lstm_stack, static_argnums=1).lower(params["lstm"], cfg, x, m).compile()
     res = {"batch": args.batch, "length": args.length, "tokens": int(sum(len(s) for s in sents))}
-    for name, fn in (("encoder", lambda: jax.block_until_ready(enc(params, ids))),
-                     ("lstm", lambda: jax.block_until_ready(lstm(params["lstm"], x, m)))):
+    for name, fn in (
+        ("encoder", lambda: jax.block_until_ready(enc(params, ids))),
+        ("lstm", lambda: jax.block_until_ready(lstm(params["lstm"], x, m))),
+    ):
         fn()
         times = timed_reps(fn, args.min_reps, args.min_time, args.max_reps)
         res[f"{name}_median_s"] = statistics.median(times)
@@ -252,8 +273,15 @@ def task_train(args) -> dict:
         batch[f"{d}_mask"] = jnp.ones((b, t), jnp.float32)
     rss_init = peak_rss_mb()
     step = jax.jit(
-        functools.partial(train_step, config=cfg, optimizer=optimizer, loss_fn=selection.fn,
-                          dropout_rate=0.1, dtype=_dtype(args.dtype), remat_steps=args.remat),
+        functools.partial(
+            train_step,
+            config=cfg,
+            optimizer=optimizer,
+            loss_fn=selection.fn,
+            dropout_rate=0.1,
+            dtype=_dtype(args.dtype),
+            remat_steps=args.remat,
+        ),
         donate_argnums=(0, 1),
     )
     keys = [jax.random.split(jax.random.fold_in(jax.random.key(2), i)) for i in range(args.steps + 1)]
@@ -263,12 +291,28 @@ def task_train(args) -> dict:
     compiled = lowered.compile()
     t2 = time.perf_counter()
     mem = compiled.memory_analysis()  # XLA's own accounting of the step's buffers
-    sizes = {"temp_mb": mem.temp_size_in_bytes / 2**20, "argument_mb": mem.argument_size_in_bytes / 2**20,
-             "output_mb": mem.output_size_in_bytes / 2**20} if mem is not None else {}
+    sizes = (
+        {
+            "temp_mb": mem.temp_size_in_bytes / 2**20,
+            "argument_mb": mem.argument_size_in_bytes / 2**20,
+            "output_mb": mem.output_size_in_bytes / 2**20,
+        }
+        if mem is not None
+        else {}
+    )
     if args.compile_only:
-        return {"preset": args.preset, "batch": b, "unroll": t, "dtype": args.dtype, "remat": args.remat,
-                "lower_s": t1 - t0, "compile_s": t2 - t1, **sizes, "peak_rss_mb": peak_rss_mb(),
-                **device_info()}
+        return {
+            "preset": args.preset,
+            "batch": b,
+            "unroll": t,
+            "dtype": args.dtype,
+            "remat": args.remat,
+            "lower_s": t1 - t0,
+            "compile_s": t2 - t1,
+            **sizes,
+            "peak_rss_mb": peak_rss_mb(),
+            **device_info(),
+        }
     times, losses = [], []
     load_before = os.getloadavg()[0]
     for i in range(args.steps + 1):  # step 0 is the warm-up, not timed
@@ -279,12 +323,29 @@ def task_train(args) -> dict:
             times.append(time.perf_counter() - ts)
         losses.append(float(metrics["loss"]))
     med = statistics.median(times)
-    return {"preset": args.preset, "batch": b, "unroll": t, "tokens": b * t, "vocab": args.vocab,
-            "negatives": args.negatives, "dtype": args.dtype, "remat": args.remat, "lower_s": t1 - t0, "compile_s": t2 - t1, "times": times,
-            "median_s": med, "tokens_per_s": b * t / med, "losses": losses,
-            "peak_rss_mb": peak_rss_mb(), "rss_after_init_mb": rss_init,
-            "load1_before": load_before, "load1_after": os.getloadavg()[0],
-            "loss_selection": selection.message, **sizes, **device_info()}
+    return {
+        "preset": args.preset,
+        "batch": b,
+        "unroll": t,
+        "tokens": b * t,
+        "vocab": args.vocab,
+        "negatives": args.negatives,
+        "dtype": args.dtype,
+        "remat": args.remat,
+        "lower_s": t1 - t0,
+        "compile_s": t2 - t1,
+        "times": times,
+        "median_s": med,
+        "tokens_per_s": b * t / med,
+        "losses": losses,
+        "peak_rss_mb": peak_rss_mb(),
+        "rss_after_init_mb": rss_init,
+        "load1_before": load_before,
+        "load1_after": os.getloadavg()[0],
+        "loss_selection": selection.message,
+        **sizes,
+        **device_info(),
+    }
 
 
 def task_agree(args) -> dict:
@@ -301,9 +362,13 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("task", choices=["info", "save", "matmul", "membw", "embed", "parts", "train", "agree"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--precision", default="default", choices=["default", "highest"],
-                   help="embed/agree: jax.default_matmul_precision while tracing (on NVIDIA GPUs the "
-                        "default computes float32 matmuls with TF32; 'highest' is full float32)")
+    p.add_argument(
+        "--precision",
+        default="default",
+        choices=["default", "highest"],
+        help="embed/agree: jax.default_matmul_precision while tracing (on NVIDIA GPUs the "
+        "default computes float32 matmuls with TF32; 'highest' is full float32)",
+    )
     p.add_argument("--remat", type=int, default=0, help="train: remat_steps (0 = keep all activations)")
     p.add_argument("--compile-only", action="store_true", help="train: compile and report memory, do not run")
     p.add_argument("--preset")

@@ -10,8 +10,15 @@ from elmo_jax.version import __version__ as __version__
 
 _moved.install()
 
-__all__ = ["ConfigError", "Elmo", "ElmoConfig", "TokenTruncatedWarning", "batch_to_ids", "count_params",
-           "read_embeddings"]
+__all__ = [
+    "ConfigError",
+    "Elmo",
+    "ElmoConfig",
+    "TokenTruncatedWarning",
+    "batch_to_ids",
+    "count_params",
+    "read_embeddings",
+]
 
 
 def __getattr__(name):

@@ -90,7 +90,8 @@ def refuse_output_over_inputs(output: str | os.PathLike, inputs: Mapping[str, st
             spelled = "" if os.path.abspath(output) == os.path.abspath(path) else f" ({os.fspath(path)})"
             raise OutputIsInputError(
                 f"the output {os.fspath(output)} is the {role}{spelled}; writing there would destroy it, "
-                f"whatever --overwrite says: choose another output path")
+                f"whatever --overwrite says: choose another output path"
+            )
 
 
 def replace_dir(new: str | os.PathLike, target: str | os.PathLike) -> None:
@@ -146,7 +147,7 @@ def owned_temp_dir(parent: str | os.PathLike, prefix: str, suffix: str = "") -> 
     host = socket.gethostname().replace("_", "-")
     mine = f"{prefix}{host}_"
     for stale in glob.glob(os.path.join(glob.escape(parent), glob.escape(mine) + "*")):
-        pid = os.path.basename(stale)[len(mine):].split("_")[0]
+        pid = os.path.basename(stale)[len(mine) :].split("_")[0]
         if pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(stale, ignore_errors=True)
     tmp = tempfile.mkdtemp(prefix=f"{mine}{os.getpid()}_", suffix=suffix, dir=parent)

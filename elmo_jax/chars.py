@@ -63,8 +63,7 @@ def tokens_to_ids(tokens: Sequence[str | bytes], max_characters_per_token: int =
     is :func:`token_to_ids` of ``tokens[i]``, all rows written by one numpy scatter."""
     if max_characters_per_token < 3:
         raise ValueError(
-            f"max_characters_per_token must be at least 3 (bow, one char, eow), got "
-            f"{max_characters_per_token}"
+            f"max_characters_per_token must be at least 3 (bow, one char, eow), got {max_characters_per_token}"
         )
     if isinstance(tokens, (str, bytes)):
         raise TypeError("tokens_to_ids takes a list of tokens; for one token use token_to_ids(token)")
@@ -113,11 +112,13 @@ def truncation_message(cut: Sequence[str | bytes], max_characters_per_token: int
     first = cut[0]
     shown = first if len(first) <= 30 else first[:30] + ("..." if isinstance(first, str) else b"...")
     n = len(cut)
-    return (f"{n} token{'' if n == 1 else 's'} longer than {keep} UTF-8 bytes (the first: {shown!r}, "
-            f"{len(_utf8(first)):,} bytes) {'was' if n == 1 else 'were'} cut to {'its' if n == 1 else 'their'} "
-            f"first {keep} bytes, as the original ELMo does: the char CNN reads max_characters_per_token="
-            f"{max_characters_per_token} characters per token, two of them the begin/end-of-word marks "
-            f"(a multi-byte character at the cut keeps only its first bytes). Said once per Elmo object.")
+    return (
+        f"{n} token{'' if n == 1 else 's'} longer than {keep} UTF-8 bytes (the first: {shown!r}, "
+        f"{len(_utf8(first)):,} bytes) {'was' if n == 1 else 'were'} cut to {'its' if n == 1 else 'their'} "
+        f"first {keep} bytes, as the original ELMo does: the char CNN reads max_characters_per_token="
+        f"{max_characters_per_token} characters per token, two of them the begin/end-of-word marks "
+        f"(a multi-byte character at the cut keeps only its first bytes). Said once per Elmo object."
+    )
 
 
 def tokenize(sentence: str | Sequence[str]) -> list[str]:
@@ -133,15 +134,11 @@ def tokenize(sentence: str | Sequence[str]) -> list[str]:
         tokens = list(sentence)
     except TypeError:
         raise TypeError(
-            f"a sentence must be a str or a list of str tokens, got {type(sentence).__name__}: "
-            f"{sentence!r}"
+            f"a sentence must be a str or a list of str tokens, got {type(sentence).__name__}: {sentence!r}"
         ) from None
     for t in tokens:
         if not isinstance(t, (str, bytes)):
-            raise TypeError(
-                f"a sentence given as a list must hold str tokens, got "
-                f"{type(t).__name__}: {t!r}"
-            )
+            raise TypeError(f"a sentence given as a list must hold str tokens, got {type(t).__name__}: {t!r}")
     return tokens
 
 

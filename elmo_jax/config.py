@@ -88,8 +88,11 @@ class VocabConfig:
     word_ids: tuple[int, ...] = ()
 
     def to_options(self) -> dict:
-        out: dict[str, Any] = {"n_chars": self.n_chars, "char_ids": dict(zip(CHAR_ROLES, self.char_ids)),
-                               "word_dim": self.word_dim}
+        out: dict[str, Any] = {
+            "n_chars": self.n_chars,
+            "char_ids": dict(zip(CHAR_ROLES, self.char_ids)),
+            "word_dim": self.word_dim,
+        }
         if self.word_dim:
             out.update(n_words=self.n_words, word_ids=dict(zip(WORD_ROLES, self.word_ids)))
         return out
@@ -104,9 +107,13 @@ class VocabConfig:
             return tuple(_field(section, r, int, source, f"vocab.{key}.") for r in roles)
 
         word_dim = _field(d, "word_dim", int, source, "vocab.", default=0)
-        return cls(n_chars=_field(d, "n_chars", int, source, "vocab."), char_ids=ids("char_ids", CHAR_ROLES),
-                   n_words=_field(d, "n_words", int, source, "vocab.") if word_dim else 0, word_dim=word_dim,
-                   word_ids=ids("word_ids", WORD_ROLES) if word_dim else ())
+        return cls(
+            n_chars=_field(d, "n_chars", int, source, "vocab."),
+            char_ids=ids("char_ids", CHAR_ROLES),
+            n_words=_field(d, "n_words", int, source, "vocab.") if word_dim else 0,
+            word_dim=word_dim,
+            word_ids=ids("word_ids", WORD_ROLES) if word_dim else (),
+        )
 
     def marker_rows(self, max_characters_per_token: int) -> list[list[int]]:
         """Token ids (+1 shifted, ``[word id, chars ...]``) of ``<bos>`` and ``<eos>``:
@@ -177,9 +184,7 @@ class ElmoConfig:
         try:
             return PRESETS[name]
         except KeyError:
-            raise ConfigError(
-                f"unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}"
-            ) from None
+            raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(sorted(PRESETS))}") from None
 
     def replace(self, **changes: Any) -> "ElmoConfig":
         """A copy with ``char_cnn`` / ``lstm`` fields replaced, e.g. ``replace(dim=64)``."""
@@ -188,8 +193,7 @@ class ElmoConfig:
         unknown = set(changes) - cnn_fields - lstm_fields
         if unknown:
             raise ConfigError(
-                f"unknown ElmoConfig field(s) {sorted(unknown)}; valid: "
-                f"{sorted(cnn_fields | lstm_fields)}"
+                f"unknown ElmoConfig field(s) {sorted(unknown)}; valid: {sorted(cnn_fields | lstm_fields)}"
             )
         if "filters" in changes:
             changes["filters"] = _filter_pairs(changes["filters"], "filters")
@@ -249,8 +253,9 @@ class ElmoConfig:
             raise ConfigError(message if message.startswith(f"{source}:") else f"{source}: {message}") from None
 
     @classmethod
-    def _from_fields(cls, cnn: dict, emb: dict, lstm: dict, filters, source: str,
-                     vocab: VocabConfig | None = None) -> "ElmoConfig":
+    def _from_fields(
+        cls, cnn: dict, emb: dict, lstm: dict, filters, source: str, vocab: VocabConfig | None = None
+    ) -> "ElmoConfig":
         return cls(
             char_cnn=CharCNNConfig(
                 embedding_dim=_field(emb, "dim", int, source, "char_cnn.embedding."),
@@ -285,13 +290,13 @@ class ElmoConfig:
         except OSError as e:
             raise ConfigError(f"cannot read options file {path} ({e.strerror})") from None
         if raw.startswith(HDF5_SIGNATURE):
-            raise ConfigError(f"{path} is an HDF5 file, not options.json: were the options and "
-                              f"weight files swapped?")
+            raise ConfigError(f"{path} is an HDF5 file, not options.json: were the options and weight files swapped?")
         try:
             options = json.loads(raw.decode("utf-8-sig"))
         except UnicodeDecodeError as e:
-            raise ConfigError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); options.json "
-                              f"must be a UTF-8 JSON file") from None
+            raise ConfigError(
+                f"{path} is not UTF-8 text ({e.reason} at byte {e.start}); options.json must be a UTF-8 JSON file"
+            ) from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path} is not valid JSON: {e}") from None
         return cls.from_options(options, source=path)
@@ -325,9 +330,7 @@ def count_params(config: ElmoConfig) -> int:
 def _validate(config: ElmoConfig) -> None:
     c, l = config.char_cnn, config.lstm
     if c.activation not in ACTIVATIONS:
-        raise ConfigError(
-            f"char_cnn.activation {c.activation!r} is not supported; use one of {ACTIVATIONS}"
-        )
+        raise ConfigError(f"char_cnn.activation {c.activation!r} is not supported; use one of {ACTIVATIONS}")
     if c.max_characters_per_token < 3:  # a word's begin and end chars plus at least one
         raise ConfigError(f"char_cnn.max_characters_per_token must be >= 3, got {c.max_characters_per_token}")
     if not c.filters:
@@ -337,8 +340,7 @@ def _validate(config: ElmoConfig) -> None:
             raise ConfigError(f"char_cnn.filters entry [{w}, {n}]: width and count must be >= 1")
         if w > c.max_characters_per_token:
             raise ConfigError(
-                f"char_cnn.filters width {w} exceeds max_characters_per_token "
-                f"{c.max_characters_per_token}"
+                f"char_cnn.filters width {w} exceeds max_characters_per_token {c.max_characters_per_token}"
             )
     positive = {
         "char_cnn.embedding_dim": c.embedding_dim,
@@ -362,17 +364,22 @@ def _validate(config: ElmoConfig) -> None:
 
 def _validate_vocab(v: VocabConfig, c: CharCNNConfig) -> None:
     if v.n_chars < 1 or c.n_characters != v.n_chars + 1:
-        raise ConfigError(f"vocab.n_chars is {v.n_chars}: it must be positive and char_cnn.n_characters "
-                          f"({c.n_characters}) one more (the padding row)")
+        raise ConfigError(
+            f"vocab.n_chars is {v.n_chars}: it must be positive and char_cnn.n_characters "
+            f"({c.n_characters}) one more (the padding row)"
+        )
     if len(v.char_ids) != len(CHAR_ROLES) or not all(0 <= i < v.n_chars for i in v.char_ids):
-        raise ConfigError(f"vocab.char_ids {v.char_ids} must give {', '.join(CHAR_ROLES)} as ids below "
-                          f"n_chars={v.n_chars}")
+        raise ConfigError(
+            f"vocab.char_ids {v.char_ids} must give {', '.join(CHAR_ROLES)} as ids below n_chars={v.n_chars}"
+        )
     if v.word_dim < 0:
         raise ConfigError(f"vocab.word_dim must be >= 0, got {v.word_dim}")
-    if v.word_dim and (v.n_words < 1 or len(v.word_ids) != len(WORD_ROLES)
-                       or not all(0 <= i < v.n_words for i in v.word_ids)):
-        raise ConfigError(f"vocab.word_ids {v.word_ids} must give {', '.join(WORD_ROLES)} as ids below "
-                          f"n_words={v.n_words}")
+    if v.word_dim and (
+        v.n_words < 1 or len(v.word_ids) != len(WORD_ROLES) or not all(0 <= i < v.n_words for i in v.word_ids)
+    ):
+        raise ConfigError(
+            f"vocab.word_ids {v.word_ids} must give {', '.join(WORD_ROLES)} as ids below n_words={v.n_words}"
+        )
 
 
 def _is_int(v: Any) -> bool:
@@ -412,9 +419,7 @@ def _field(d: dict, key: str, typ: type, source: str, prefix: str, default: Any 
     v = d[key]
     ok = _is_int(v) if typ is int else isinstance(v, typ)
     if not ok:
-        raise ConfigError(
-            f"{source}: field {prefix}{key} must be {typ.__name__}, got {type(v).__name__} ({v!r})"
-        )
+        raise ConfigError(f"{source}: field {prefix}{key} must be {typ.__name__}, got {type(v).__name__} ({v!r})")
     return v
 
 

@@ -48,8 +48,10 @@ def symlink_loop(path: str | os.PathLike) -> str | None:
         os.stat(path)
     except OSError as e:
         if e.errno == errno.ELOOP:
-            return (f"{os.fspath(path)} is a symbolic link loop (following it leads back to it, so it is neither "
-                    f"a file nor a folder); remove the link (rm {os.fspath(path)}) or point it at a real path")
+            return (
+                f"{os.fspath(path)} is a symbolic link loop (following it leads back to it, so it is neither "
+                f"a file nor a folder); remove the link (rm {os.fspath(path)}) or point it at a real path"
+            )
     return None
 
 

@@ -71,8 +71,7 @@ def _parse_head(head: str) -> tuple[str, int | None, bool]:
     raise ValueError(f'head must be "mix", "mix:layer_norm", "components" or "layer:K", got {head!r}')
 
 
-def init_tagger(key: jax.Array, config: ElmoConfig, n_classes: int, head: str = "mix",
-                out_dim: int = 512) -> dict:
+def init_tagger(key: jax.Array, config: ElmoConfig, n_classes: int, head: str = "mix", out_dim: int = 512) -> dict:
     """Head parameters: ``{"mix"|"components": ..., "classifier": {"w", "b"}}``."""
     kind, layer, _ = _parse_head(head)
     if kind == "layer" and not 0 <= layer < config.n_output_layers:
@@ -96,8 +95,9 @@ def init_tagger(key: jax.Array, config: ElmoConfig, n_classes: int, head: str = 
 
 
 def _layout_error(shape) -> ValueError:
-    return ValueError(f"layers must be [L+1, N, T, 2P] (pad_layers(elmo.embed(...)) builds them), "
-                      f"got shape {tuple(shape)}")
+    return ValueError(
+        f"layers must be [L+1, N, T, 2P] (pad_layers(elmo.embed(...)) builds them), got shape {tuple(shape)}"
+    )
 
 
 def _head_of(params: dict) -> str:
@@ -105,8 +105,7 @@ def _head_of(params: dict) -> str:
     return "mix" if "mix" in params else "components" if "components" in params else "layer:K"
 
 
-def tagger_logits(params: dict, layers_LBTD: jax.Array, head: str,
-                  mask_BT: jax.Array | None = None) -> jax.Array:
+def tagger_logits(params: dict, layers_LBTD: jax.Array, head: str, mask_BT: jax.Array | None = None) -> jax.Array:
     """``[L+1, B, T, 2P] -> [B, T, n_classes]``.  Shapes and the head are checked when
     traced (they are static), values are not (see :func:`check_tagging_data`).
 
@@ -117,16 +116,20 @@ def tagger_logits(params: dict, layers_LBTD: jax.Array, head: str,
         raise _layout_error(layers_LBTD.shape)
     made_for = _head_of(params)
     if made_for != (kind if kind != "layer" else "layer:K"):
-        raise ValueError(f"params were initialised for head {made_for!r}, not {head!r}: call "
-                         f"init_tagger(..., head={head!r}) for this head")
+        raise ValueError(
+            f"params were initialised for head {made_for!r}, not {head!r}: call "
+            f"init_tagger(..., head={head!r}) for this head"
+        )
     if kind == "mix":
         x = heads.scalar_mix(params["mix"], layers_LBTD, mask_BT, layer_norm=layer_norm)
     elif kind == "components":
         x = heads.component_head(params["components"], layers_LBTD)
     else:
         if not 0 <= layer < layers_LBTD.shape[0]:
-            raise ValueError(f"head {head!r}: layer {layer} does not exist, the layers are "
-                             f"0..{layers_LBTD.shape[0] - 1} (layers are [L+1, N, T, 2P], layers first)")
+            raise ValueError(
+                f"head {head!r}: layer {layer} does not exist, the layers are "
+                f"0..{layers_LBTD.shape[0] - 1} (layers are [L+1, N, T, 2P], layers first)"
+            )
         x = layers_LBTD[layer]
     return x @ params["classifier"]["w"] + params["classifier"]["b"]
 
@@ -140,21 +143,32 @@ def check_tagging_data(params: dict, layers_LNTD, labels_NT, mask_NT) -> None:
         raise _layout_error(layers_shape)
     labels, mask = np.asarray(labels_NT), np.asarray(mask_NT, bool)
     if labels.shape != layers_shape[1:3] or mask.shape != layers_shape[1:3]:
-        raise ValueError(f"labels {labels.shape} and mask {mask.shape} must both be [N, T] = "
-                         f"{layers_shape[1:3]}, the sentences and steps of layers {layers_shape}")
+        raise ValueError(
+            f"labels {labels.shape} and mask {mask.shape} must both be [N, T] = "
+            f"{layers_shape[1:3]}, the sentences and steps of layers {layers_shape}"
+        )
     n_classes = int(np.shape(params["classifier"]["b"])[0])
     bad = mask & ((labels < 0) | (labels >= n_classes))
     if bad.any():
         i, t = (int(v) for v in np.argwhere(bad)[0])
         if labels[i, t] < 0:
-            raise ValueError(f"sentence {i}: token {t} has no label (it has fewer tags than tokens); "
-                             f"give one tag per token")
-        raise ValueError(f"sentence {i}, token {t}: label {int(labels[i, t])} is not a class of this head "
-                         f"(n_classes={n_classes}); init_tagger(..., n_classes) must cover every label")
+            raise ValueError(
+                f"sentence {i}: token {t} has no label (it has fewer tags than tokens); give one tag per token"
+            )
+        raise ValueError(
+            f"sentence {i}, token {t}: label {int(labels[i, t])} is not a class of this head "
+            f"(n_classes={n_classes}); init_tagger(..., n_classes) must cover every label"
+        )
 
 
-def tagger_loss(params: dict, layers_LBTD: jax.Array, labels_BT: jax.Array, mask_BT: jax.Array,
-                head: str, penalty: float = DEFAULT_PENALTY) -> jax.Array:
+def tagger_loss(
+    params: dict,
+    layers_LBTD: jax.Array,
+    labels_BT: jax.Array,
+    mask_BT: jax.Array,
+    head: str,
+    penalty: float = DEFAULT_PENALTY,
+) -> jax.Array:
     """Mean cross-entropy over real tokens (+ ``penalty * sum(s**2)`` for ``"mix"``)."""
     logits = tagger_logits(params, layers_LBTD, head, mask_BT)
     ce = optax.softmax_cross_entropy_with_integer_labels(logits, jnp.maximum(labels_BT, 0))
@@ -164,15 +178,20 @@ def tagger_loss(params: dict, layers_LBTD: jax.Array, labels_BT: jax.Array, mask
     return loss
 
 
-def frozen_layers(bilm_params: dict, config: ElmoConfig, char_ids_BTC: jax.Array,
-                  lengths_B: jax.Array) -> jax.Array:
+def frozen_layers(bilm_params: dict, config: ElmoConfig, char_ids_BTC: jax.Array, lengths_B: jax.Array) -> jax.Array:
     """The biLM's layers with the gradient cut: nothing flows back into ``bilm_params``."""
     layers, _ = bilm(bilm_params, config, char_ids_BTC, None, lengths_B)
     return jax.lax.stop_gradient(layers)
 
 
-def make_train_step(head: str, optimizer: optax.GradientTransformation, penalty: float = DEFAULT_PENALTY, *,
-                    config: ElmoConfig | None = None, on_the_fly: bool = False) -> Callable:
+def make_train_step(
+    head: str,
+    optimizer: optax.GradientTransformation,
+    penalty: float = DEFAULT_PENALTY,
+    *,
+    config: ElmoConfig | None = None,
+    on_the_fly: bool = False,
+) -> Callable:
     """A jit-compiled ``step(params, opt_state, batch, bilm_params=None) ->
     (params, opt_state, loss, grads)``.
 
@@ -214,9 +233,19 @@ class TrainResult:
     losses: list[float]
 
 
-def train_tagger(params: dict, layers_LNTD: np.ndarray, labels_NT: np.ndarray, mask_NT: np.ndarray,
-                 head: str, optimizer: optax.GradientTransformation | None = None, *, steps: int = 300,
-                 batch_size: int = 64, penalty: float = DEFAULT_PENALTY, seed: int = 0) -> TrainResult:
+def train_tagger(
+    params: dict,
+    layers_LNTD: np.ndarray,
+    labels_NT: np.ndarray,
+    mask_NT: np.ndarray,
+    head: str,
+    optimizer: optax.GradientTransformation | None = None,
+    *,
+    steps: int = 300,
+    batch_size: int = 64,
+    penalty: float = DEFAULT_PENALTY,
+    seed: int = 0,
+) -> TrainResult:
     """Minibatch training of a head on precomputed layers (sentences sampled with
     replacement, ``steps`` updates).  Returns the trained head and the loss per step."""
     optimizer = optax.adam(1e-2) if optimizer is None else optimizer
@@ -224,8 +253,10 @@ def train_tagger(params: dict, layers_LNTD: np.ndarray, labels_NT: np.ndarray, m
     if n == 0:
         raise ValueError("no training sentences")
     check_tagging_data(params, layers_LNTD, labels_NT, mask_NT)
-    jax.eval_shape(lambda x: tagger_logits(params, x, head),  # the head fits the layers
-                   jax.ShapeDtypeStruct(np.shape(layers_LNTD), jnp.float32))
+    jax.eval_shape(
+        lambda x: tagger_logits(params, x, head),  # the head fits the layers
+        jax.ShapeDtypeStruct(np.shape(layers_LNTD), jnp.float32),
+    )
     step = make_train_step(head, optimizer, penalty)
     opt_state = optimizer.init(params)
     rng = np.random.default_rng(seed)
@@ -240,8 +271,9 @@ def train_tagger(params: dict, layers_LNTD: np.ndarray, labels_NT: np.ndarray, m
     return TrainResult(params, losses)
 
 
-def accuracy(params: dict, layers_LNTD: np.ndarray, labels_NT: np.ndarray, mask_NT: np.ndarray,
-             head: str, batch_size: int = 256) -> float:
+def accuracy(
+    params: dict, layers_LNTD: np.ndarray, labels_NT: np.ndarray, mask_NT: np.ndarray, head: str, batch_size: int = 256
+) -> float:
     """Token accuracy over the real tokens."""
     if np.ndim(layers_LNTD) == 4 and np.shape(layers_LNTD)[1] == 0:
         raise ValueError("no sentences to score")
@@ -261,8 +293,10 @@ def pad_layers(vectors: Sequence[np.ndarray], max_len: int | None = None) -> tup
     if not vectors:
         raise ValueError("no sentences")
     if any(np.ndim(v) != 3 for v in vectors):
-        raise ValueError(f"pad_layers takes elmo.embed(..., layers='all') output, [L+1, n, 2P] per sentence; "
-                         f"got an array of shape {np.shape(next(v for v in vectors if np.ndim(v) != 3))}")
+        raise ValueError(
+            f"pad_layers takes elmo.embed(..., layers='all') output, [L+1, n, 2P] per sentence; "
+            f"got an array of shape {np.shape(next(v for v in vectors if np.ndim(v) != 3))}"
+        )
     n_layers, _, width = vectors[0].shape
     t = max(max(v.shape[1] for v in vectors), 1) if max_len is None else max_len
     out = np.zeros((n_layers, len(vectors), t, width), np.float32)
@@ -285,5 +319,17 @@ def pad_labels(tags: Sequence[Sequence[str]], index: Mapping[str, int], max_len:
     return out
 
 
-__all__ = ["DEFAULT_PENALTY", "init_tagger", "tagger_logits", "tagger_loss", "frozen_layers", "make_train_step",
-           "train_tagger", "accuracy", "pad_layers", "pad_labels", "check_tagging_data", "TrainResult"]
+__all__ = [
+    "DEFAULT_PENALTY",
+    "init_tagger",
+    "tagger_logits",
+    "tagger_loss",
+    "frozen_layers",
+    "make_train_step",
+    "train_tagger",
+    "accuracy",
+    "pad_layers",
+    "pad_labels",
+    "check_tagging_data",
+    "TrainResult",
+]

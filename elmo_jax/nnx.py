@@ -79,13 +79,14 @@ class ScalarMix(nnx.Module):
     tokens (``mask_BT``) first.  ``params`` starts it from a trained mix
     (``{"scalars", "gamma"}``, e.g. ``result.params["mix"]`` of :mod:`elmo_jax.finetune`)."""
 
-    def __init__(self, n_layers: int, *, layer_norm: bool = False, gamma: float = 1.0,
-                 params: dict | None = None):
+    def __init__(self, n_layers: int, *, layer_norm: bool = False, gamma: float = 1.0, params: dict | None = None):
         init = heads.scalar_mix_init(n_layers, gamma) if params is None else params
         scalars = jnp.asarray(init["scalars"], jnp.float32)
         if scalars.shape != (n_layers,):
-            raise ValueError(f"ScalarMix({n_layers}): params['scalars'] has shape {scalars.shape}, "
-                             f"expected ({n_layers},), one weight per layer")
+            raise ValueError(
+                f"ScalarMix({n_layers}): params['scalars'] has shape {scalars.shape}, "
+                f"expected ({n_layers},), one weight per layer"
+            )
         self.scalars = nnx.Param(scalars)
         self.gamma = nnx.Param(jnp.asarray(init.get("gamma", gamma), jnp.float32))
         self.layer_norm = layer_norm
@@ -133,17 +134,29 @@ class ElmoLayer(nnx.Module):
     arrays ``[B, T, 2P]``, zero at padding.
     """
 
-    def __init__(self, model: Elmo | str | os.PathLike, *, num_output_representations: int = 1,
-                 trainable: bool = False, layer_norm: bool = False, dropout: float = 0.5,
-                 dtype: str | None = None, progress: bool = True, rngs: nnx.Rngs):
+    def __init__(
+        self,
+        model: Elmo | str | os.PathLike,
+        *,
+        num_output_representations: int = 1,
+        trainable: bool = False,
+        layer_norm: bool = False,
+        dropout: float = 0.5,
+        dtype: str | None = None,
+        progress: bool = True,
+        rngs: nnx.Rngs,
+    ):
         if not isinstance(model, Elmo):
             if not isinstance(model, (str, os.PathLike)):
-                raise TypeError(f"ElmoLayer takes an elmo_jax.Elmo, a model folder or a model name, "
-                                f"got {type(model).__name__}")
+                raise TypeError(
+                    f"ElmoLayer takes an elmo_jax.Elmo, a model folder or a model name, got {type(model).__name__}"
+                )
             model = Elmo.load(model, dtype=dtype or "float32", progress=progress)
         if num_output_representations < 1:
-            raise ValueError(f"num_output_representations must be >= 1, got {num_output_representations}; "
-                             f"for the raw layers call ElmoLayer.all_layers")
+            raise ValueError(
+                f"num_output_representations must be >= 1, got {num_output_representations}; "
+                f"for the raw layers call ElmoLayer.all_layers"
+            )
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout is a rate in [0, 1), got {dropout}")
         self.config = model.config
@@ -152,8 +165,9 @@ class ElmoLayer(nnx.Module):
         self.trainable = trainable
         kind = nnx.Param if trainable else ElmoWeight
         self.bilm = nnx.data(jax.tree.map(lambda a: kind(jnp.asarray(a)), model.params))
-        self.mixes = nnx.List([ScalarMix(self.config.n_output_layers, layer_norm=layer_norm)
-                               for _ in range(num_output_representations)])
+        self.mixes = nnx.List(
+            [ScalarMix(self.config.n_output_layers, layer_norm=layer_norm) for _ in range(num_output_representations)]
+        )
         # Under nnx.bridge.to_linen the streams are Linen's: "dropout" exists only when
         # apply(..., rngs={"dropout": key}) gives it (deterministic calls need none).  The
         # bridge adds a "default" stream seeded 0 to every apply, and the layer is rebuilt at
@@ -165,7 +179,8 @@ class ElmoLayer(nnx.Module):
             raise ValueError(
                 f"ElmoLayer(dropout={dropout}) draws dropout masks from the rngs' 'dropout' (or 'default') "
                 f"stream, and these rngs have neither: pass e.g. nnx.Rngs(0) or nnx.Rngs(params=0, dropout=1), "
-                f"or dropout=0.0")
+                f"or dropout=0.0"
+            )
         self.dropout = nnx.Dropout(dropout, rngs=rngs) if has_stream else nnx.Dropout(dropout)
         self.linen_without_dropout_rng = linen and not has_stream
 
@@ -175,8 +190,10 @@ class ElmoLayer(nnx.Module):
         char_ids_BTC = jnp.asarray(char_ids_BTC)
         n_chars = self.config.token_id_width
         if char_ids_BTC.ndim != 3 or char_ids_BTC.shape[-1] != n_chars:
-            raise ValueError(f"char ids must be [B, T, {n_chars}] (batch_inputs(sentences, layer) "
-                             f"builds them), got shape {char_ids_BTC.shape}")
+            raise ValueError(
+                f"char ids must be [B, T, {n_chars}] (batch_inputs(sentences, layer) "
+                f"builds them), got shape {char_ids_BTC.shape}"
+            )
         lengths_B = None
         if mask_BT is not None:
             if jnp.shape(mask_BT) != char_ids_BTC.shape[:2]:
@@ -185,20 +202,23 @@ class ElmoLayer(nnx.Module):
         layers_LBTD, _ = bilm(_values(self.bilm), self.config, char_ids_BTC, None, lengths_B, dtype=self.dtype)
         return layers_LBTD if self.trainable else jax.lax.stop_gradient(layers_LBTD)
 
-    def __call__(self, char_ids_BTC: jax.Array, mask_BT: jax.Array | None = None, *,
-                 deterministic: bool | None = None) -> tuple[jax.Array, ...]:
+    def __call__(
+        self, char_ids_BTC: jax.Array, mask_BT: jax.Array | None = None, *, deterministic: bool | None = None
+    ) -> tuple[jax.Array, ...]:
         if self.linen_without_dropout_rng and self.dropout.rate > 0:
             if not (self.dropout.deterministic if deterministic is None else deterministic):
                 raise ElmoError(
                     f"ElmoLayer (dropout {self.dropout.rate}) under nnx.bridge.to_linen was applied without a "
                     f"dropout rng and without deterministic: pass rngs={{'dropout': key}} to init/apply when "
-                    f"training (a new key each step), or deterministic=True when evaluating")
+                    f"training (a new key each step), or deterministic=True when evaluating"
+                )
         layers_LBTD = self.all_layers(char_ids_BTC, mask_BT)
         if mask_BT is None:
             mask_BT = jnp.any(jnp.asarray(char_ids_BTC) > 0, axis=-1)
         real_BT1 = jnp.asarray(mask_BT, jnp.float32)[..., None]
-        return tuple(self.dropout(mix(layers_LBTD, mask_BT) * real_BT1, deterministic=deterministic)
-                     for mix in self.mixes)
+        return tuple(
+            self.dropout(mix(layers_LBTD, mask_BT) * real_BT1, deterministic=deterministic) for mix in self.mixes
+        )
 
     def penalty(self) -> jax.Array:
         """The sum of the mixes' L2 penalties on their layer weights (the paper adds it to
@@ -227,8 +247,9 @@ def _under_linen() -> bool:
     return bool(stack) and stack[-1] is not None
 
 
-def batch_inputs(sentences: Sequence[Sentence], config: ElmoConfig | ElmoLayer | Elmo, *,
-                 rows: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def batch_inputs(
+    sentences: Sequence[Sentence], config: ElmoConfig | ElmoLayer | Elmo, *, rows: int | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Sentences (strings split on whitespace, or token lists) -> ``(char_ids [R, T, C]
     int32, mask [R, T] bool)``.
 
@@ -256,8 +277,10 @@ def batch_inputs(sentences: Sequence[Sentence], config: ElmoConfig | ElmoLayer |
     config = getattr(config, "config", config)
     if token_ids is None:
         if config.vocab is not None:
-            raise ValueError("a vocabulary model's ids come from its .dic files: call batch_inputs(sentences, "
-                             "layer) with the ElmoLayer (or the Elmo), not its config")
+            raise ValueError(
+                "a vocabulary model's ids come from its .dic files: call batch_inputs(sentences, "
+                "layer) with the ElmoLayer (or the Elmo), not its config"
+            )
         token_ids = chars.ByteIds(config.char_cnn.max_characters_per_token)
     ids = np.zeros((rows, n_time, config.token_id_width), np.int32)
     ids[:n] = token_ids.batch_to_ids(token_lists, max_length=n_time)
@@ -270,14 +293,17 @@ def batch_inputs(sentences: Sequence[Sentence], config: ElmoConfig | ElmoLayer |
 def parameter_counts(model: nnx.Module) -> tuple[int, int]:
     """``(trainable, frozen)``: the number of scalars in ``nnx.Param`` and in
     :class:`ElmoWeight` variables of ``model``."""
+
     def count(kind) -> int:
         return int(sum(np.size(v) for v in jax.tree.leaves(nnx.state(model, kind))))
+
     return count(nnx.Param), count(ElmoWeight)
 
 
 def _frozen_layers(model: nnx.Module) -> dict[str, ElmoLayer]:
-    return {"/".join(map(str, path)): m for path, m in nnx.iter_graph(model)
-            if isinstance(m, ElmoLayer) and not m.trainable}
+    return {
+        "/".join(map(str, path)): m for path, m in nnx.iter_graph(model) if isinstance(m, ElmoLayer) and not m.trainable
+    }
 
 
 # What save_params writes into its folder (orbax's layout); nothing else may be replaced.
@@ -299,14 +325,19 @@ def save_params(model: nnx.Module, directory: str | os.PathLike, *, overwrite: b
         if others:
             raise FileExistsError(
                 f"{directory} holds files that save_params did not write ({', '.join(others)}); overwrite=True "
-                f"replaces the whole folder and would delete them: choose another folder")
+                f"replaces the whole folder and would delete them: choose another folder"
+            )
     meta = {"frozen_elmo": {path: layer.fingerprint() for path, layer in _frozen_layers(model).items()}}
     tmp = f"{directory}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         with ocp.Checkpointer(ocp.CompositeCheckpointHandler()) as ckpt:
-            ckpt.save(tmp, args=ocp.args.Composite(params=ocp.args.StandardSave(nnx.state(model, nnx.Param)),
-                                                   meta=ocp.args.JsonSave(meta)))
+            ckpt.save(
+                tmp,
+                args=ocp.args.Composite(
+                    params=ocp.args.StandardSave(nnx.state(model, nnx.Param)), meta=ocp.args.JsonSave(meta)
+                ),
+            )
         replace_dir(tmp, directory)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -331,15 +362,28 @@ def restore_params(model: nnx.Module, directory: str | os.PathLike) -> None:
             raise ElmoError(
                 f"{directory} was saved beside other frozen biLM weights than this model holds "
                 f"(saved: {json.dumps(saved)}, model: {json.dumps(current)}); build the model from the "
-                f"ELMo it was trained with (same folder or name, same trainable= setting)")
+                f"ELMo it was trained with (same folder or name, same trainable= setting)"
+            )
         try:
-            restored = ckpt.restore(directory, args=ocp.args.Composite(
-                params=ocp.args.StandardRestore(abstract)))["params"]
+            restored = ckpt.restore(directory, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))[
+                "params"
+            ]
         except (ValueError, KeyError) as e:
-            raise ElmoError(f"{directory} does not fit this model's parameters ({e}); build the task "
-                            f"model with the same layers and sizes as the one saved") from None
+            raise ElmoError(
+                f"{directory} does not fit this model's parameters ({e}); build the task "
+                f"model with the same layers and sizes as the one saved"
+            ) from None
     nnx.update(model, restored)
 
 
-__all__ = ["ElmoLayer", "ElmoWeight", "ScalarMix", "ComponentHead", "batch_inputs", "parameter_counts",
-           "save_params", "restore_params", "LINEN_COLLECTION"]
+__all__ = [
+    "ElmoLayer",
+    "ElmoWeight",
+    "ScalarMix",
+    "ComponentHead",
+    "batch_inputs",
+    "parameter_counts",
+    "save_params",
+    "restore_params",
+    "LINEN_COLLECTION",
+]

@@ -63,10 +63,16 @@ def _save(fig, path: str | os.PathLike) -> str:
     return path
 
 
-def curves_png(curves: Mapping[str, Mapping[int, float]], path: str | os.PathLike, *,
-               references: Mapping[str, float] | None = None, title: str = "",
-               ylabel: str = "perplexity", log_y: bool = True,
-               styles: Mapping[str, str] | None = None) -> str:
+def curves_png(
+    curves: Mapping[str, Mapping[int, float]],
+    path: str | os.PathLike,
+    *,
+    references: Mapping[str, float] | None = None,
+    title: str = "",
+    ylabel: str = "perplexity",
+    log_y: bool = True,
+    styles: Mapping[str, str] | None = None,
+) -> str:
     """Curves ``{label: {step: value}}`` against steps, and horizontal ``references``
     ``{label: value}`` (dashed; a label holding ``{value}``, e.g. ``"optimum {value:.2f}: ..."``,
     places the value itself, else `` (value)`` follows it), written to ``path``; returns
@@ -146,8 +152,16 @@ def fisher_2d(x_fit_ND: np.ndarray, senses_fit: Sequence[str], x_ND: np.ndarray,
     return np.stack([along, pca_2d(rest)[:, 0] if len(x) >= 2 else np.zeros(len(x))], axis=1)
 
 
-def sense_projection_png(points: Mapping[str, np.ndarray], senses: Sequence[str], path: str | os.PathLike, *,
-                         word: str, title: str = "", xlabel: str = "", ylabel: str = "") -> str:
+def sense_projection_png(
+    points: Mapping[str, np.ndarray],
+    senses: Sequence[str],
+    path: str | os.PathLike,
+    *,
+    word: str,
+    title: str = "",
+    xlabel: str = "",
+    ylabel: str = "",
+) -> str:
     """One panel per layer: ``points[name]`` (``[N, 2]``, the word's N occurrences, e.g. from
     :func:`fisher_2d` or :func:`pca_2d`), each point coloured by ``senses[i]``; returns ``path``."""
     if not points:
@@ -176,8 +190,10 @@ def sense_projection_png(points: Mapping[str, np.ndarray], senses: Sequence[str]
         ax.set_ylabel(ylabel, fontsize=8)
     from matplotlib.lines import Line2D
 
-    handles = [Line2D([], [], marker="o", linestyle="", color=colour, markersize=5, alpha=0.7, label=sense)
-               for sense, colour in zip(names, colours)]  # one entry per sense, however its points were drawn
+    handles = [
+        Line2D([], [], marker="o", linestyle="", color=colour, markersize=5, alpha=0.7, label=sense)
+        for sense, colour in zip(names, colours)
+    ]  # one entry per sense, however its points were drawn
     axes[0].legend(handles=handles, title=f"sense of '{word}'", fontsize=8, title_fontsize=8, loc="best")
     fig.suptitle(title or f"'{word}': {n} occurrences per layer", fontsize=11)
     return _save(fig, path)
@@ -227,9 +243,17 @@ def _draw_stacks(ax, xy, senses, spots, stack_of, names, colours, labelled: int 
             n_labels += 1
             counts = ", ".join(f"{int(np.sum(members == sense))} {sense}" for sense, _ in present)
             every = "all " if len(members) == len(senses) else ""
-            ax.annotate(f"{every}{len(members)} on one spot: {counts}", (x, y), xytext=(0, -8 - 4 * len(present)),
-                        textcoords="offset points", ha="center", va="top", fontsize=7, zorder=10,
-                        bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8})
+            ax.annotate(
+                f"{every}{len(members)} on one spot: {counts}",
+                (x, y),
+                xytext=(0, -8 - 4 * len(present)),
+                textcoords="offset points",
+                ha="center",
+                va="top",
+                fontsize=7,
+                zorder=10,
+                bbox={"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.8},
+            )
 
 
 def layer_weights_png(weights: Mapping[str, Sequence[float]], path: str | os.PathLike, *, title: str = "") -> str:
@@ -255,5 +279,15 @@ def layer_weights_png(weights: Mapping[str, Sequence[float]], path: str | os.Pat
     return _save(fig, path)
 
 
-__all__ = ["INSTALL_HINT", "PlottingUnavailable", "curves_png", "fisher_2d", "have_matplotlib", "layer_weights_png", "pca_2d",
-           "require_matplotlib", "sense_projection_png", "stacks"]
+__all__ = [
+    "INSTALL_HINT",
+    "PlottingUnavailable",
+    "curves_png",
+    "fisher_2d",
+    "have_matplotlib",
+    "layer_weights_png",
+    "pca_2d",
+    "require_matplotlib",
+    "sense_projection_png",
+    "stacks",
+]

@@ -68,8 +68,9 @@ def _unit(x: np.ndarray) -> np.ndarray:
     return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
 
 
-def wsd_nearest_neighbour(vectors: np.ndarray, senses: Sequence[str], is_test: np.ndarray,
-                          sides: Sequence[str] | None = None) -> dict[str, Any]:
+def wsd_nearest_neighbour(
+    vectors: np.ndarray, senses: Sequence[str], is_test: np.ndarray, sides: Sequence[str] | None = None
+) -> dict[str, Any]:
     """1-nearest-neighbour word-sense disambiguation (cosine, same word only).
 
     Args:
@@ -113,8 +114,7 @@ def wsd_nearest_neighbour(vectors: np.ndarray, senses: Sequence[str], is_test: n
     def acc(mask: np.ndarray, hits: np.ndarray) -> float:
         return float(hits[mask].mean()) if mask.any() else float("nan")
 
-    out: dict[str, Any] = {"acc": acc(is_test, pred), "majority": acc(is_test, base),
-                           "n_test": int(is_test.sum())}
+    out: dict[str, Any] = {"acc": acc(is_test, pred), "majority": acc(is_test, base), "n_test": int(is_test.sum())}
     if sides is not None:
         sides_arr = np.asarray(list(sides))
         for side in SIDES:
@@ -125,9 +125,16 @@ def wsd_nearest_neighbour(vectors: np.ndarray, senses: Sequence[str], is_test: n
     return out
 
 
-def logistic_regression_probe(x_train: np.ndarray, y_train: Sequence[Any], x_test: np.ndarray,
-                              y_test: Sequence[Any], steps: int = 300, lr: float = 0.05,
-                              l2: float = 1e-4, per_token: bool = False):
+def logistic_regression_probe(
+    x_train: np.ndarray,
+    y_train: Sequence[Any],
+    x_test: np.ndarray,
+    y_test: Sequence[Any],
+    steps: int = 300,
+    lr: float = 0.05,
+    l2: float = 1e-4,
+    per_token: bool = False,
+):
     """Test accuracy of a multinomial logistic regression trained on ``(x_train, y_train)``.
 
     Features are standardised with the training mean and deviation; training is full-batch
@@ -175,18 +182,27 @@ def _views(n_layers: int, width: int) -> list[tuple[str, int, slice]]:
     half = width // 2
     views = [("layer 0", 0, slice(0, half))]  # [e; e]: one copy is the whole information
     for layer in range(1, n_layers):
-        views += [(f"layer {layer}", layer, slice(0, width)),
-                  (f"layer {layer} fwd", layer, slice(0, half)),
-                  (f"layer {layer} bwd", layer, slice(half, width))]
+        views += [
+            (f"layer {layer}", layer, slice(0, width)),
+            (f"layer {layer} fwd", layer, slice(0, half)),
+            (f"layer {layer} bwd", layer, slice(half, width)),
+        ]
     return views
 
 
-def probe_table(embeddings: Sequence[np.ndarray], labels: Sequence[Mapping[str, Any]], *,
-                sentences: Sequence[Sequence[str]] | None = None,
-                sides: Mapping[str, str] | None = None, test_fraction: float = 0.5,
-                seed: int = 0, max_class_train: int = 20_000, class_steps: int = 300,
-                is_test: Sequence[bool] | None = None,
-                token_subsets: Mapping[str, Sequence[bool]] | None = None) -> list[dict[str, Any]]:
+def probe_table(
+    embeddings: Sequence[np.ndarray],
+    labels: Sequence[Mapping[str, Any]],
+    *,
+    sentences: Sequence[Sequence[str]] | None = None,
+    sides: Mapping[str, str] | None = None,
+    test_fraction: float = 0.5,
+    seed: int = 0,
+    max_class_train: int = 20_000,
+    class_steps: int = 300,
+    is_test: Sequence[bool] | None = None,
+    token_subsets: Mapping[str, Sequence[bool]] | None = None,
+) -> list[dict[str, Any]]:
     """Runs both probes on every view of the layers; returns one dict per row.
 
     Args:
@@ -218,18 +234,19 @@ def probe_table(embeddings: Sequence[np.ndarray], labels: Sequence[Mapping[str, 
     shape0 = arrays[0].shape
     for i, (a, lab) in enumerate(zip(arrays, labels)):
         if a.ndim != 3 or a.shape[0] != shape0[0] or a.shape[2] != shape0[2]:
-            raise ValueError(f"embeddings[{i}] has shape {a.shape}; expected [L+1, n, {shape0[-1]}]"
-                             f" with L+1 = {shape0[0]}")
+            raise ValueError(
+                f"embeddings[{i}] has shape {a.shape}; expected [L+1, n, {shape0[-1]}] with L+1 = {shape0[0]}"
+            )
         if a.shape[1] != len(lab["classes"]) or a.shape[1] != len(lab["senses"]):
-            raise ValueError(f"embeddings[{i}] has {a.shape[1]} tokens but its labels have "
-                             f"{len(lab['classes'])}")
+            raise ValueError(f"embeddings[{i}] has {a.shape[1]} tokens but its labels have {len(lab['classes'])}")
     if is_test is None:
         is_test_sent = split_sentences(len(arrays), test_fraction, seed)
     else:
         is_test_sent = np.asarray(is_test, dtype=bool)
         if is_test_sent.shape != (len(arrays),) or is_test_sent.all() or not is_test_sent.any():
-            raise ValueError(f"is_test must hold one bool per sentence ({len(arrays)}) with both "
-                             f"training and test sentences")
+            raise ValueError(
+                f"is_test must hold one bool per sentence ({len(arrays)}) with both training and test sentences"
+            )
     tok_test = np.concatenate([np.full(a.shape[1], t) for a, t in zip(arrays, is_test_sent)])
     classes = [c for lab in labels for c in lab["classes"]]
     senses = [s for lab in labels for s in lab["senses"]]
@@ -237,8 +254,7 @@ def probe_table(embeddings: Sequence[np.ndarray], labels: Sequence[Mapping[str, 
     if all("resolved_by" in lab for lab in labels):
         side_list = [x for lab in labels for x in lab["resolved_by"]]
     elif sides is not None:
-        side_list = [sides.get(s.split("#", 1)[0], NO_SENSE) if s != NO_SENSE else NO_SENSE
-                     for s in senses]
+        side_list = [sides.get(s.split("#", 1)[0], NO_SENSE) if s != NO_SENSE else NO_SENSE for s in senses]
     else:
         side_list = None
     poly_senses = [s for s, p in zip(senses, poly) if p]
@@ -246,15 +262,15 @@ def probe_table(embeddings: Sequence[np.ndarray], labels: Sequence[Mapping[str, 
 
     train_idx = np.flatnonzero(~tok_test)
     if len(train_idx) > max_class_train:
-        train_idx = np.sort(np.random.default_rng(seed + 1).choice(train_idx, max_class_train,
-                                                                   replace=False))
+        train_idx = np.sort(np.random.default_rng(seed + 1).choice(train_idx, max_class_train, replace=False))
     test_idx = np.flatnonzero(tok_test)
     subsets = {}
     for name, flags in (token_subsets or {}).items():
         flags = np.asarray(flags, dtype=bool)
         if flags.shape != (len(classes),):
-            raise ValueError(f"token_subsets[{name!r}] has {flags.shape[0] if flags.ndim else 0} "
-                             f"flags for {len(classes)} tokens")
+            raise ValueError(
+                f"token_subsets[{name!r}] has {flags.shape[0] if flags.ndim else 0} flags for {len(classes)} tokens"
+            )
         subsets[name] = flags[test_idx]
     y_train = [classes[i] for i in train_idx]
     y_test = [classes[i] for i in test_idx]
@@ -271,8 +287,9 @@ def probe_table(embeddings: Sequence[np.ndarray], labels: Sequence[Mapping[str, 
             row["n_wsd_test"] = wsd["n_test"]
             for side in SIDES:
                 row[f"wsd_{side}"] = wsd.get(f"acc_{side}", float("nan"))
-        correct = logistic_regression_probe(x[train_idx], y_train, x[test_idx], y_test,
-                                            steps=class_steps, per_token=True)
+        correct = logistic_regression_probe(
+            x[train_idx], y_train, x[test_idx], y_test, steps=class_steps, per_token=True
+        )
         row["word_class"] = float(correct.mean()) if len(correct) else float("nan")
         row["n_class_test"] = len(test_idx)
         for name, sub in subsets.items():
@@ -290,8 +307,7 @@ def probe_table(embeddings: Sequence[np.ndarray], labels: Sequence[Mapping[str, 
     class_counts = Counter(classes[i] for i in all_train)
     top = min(class_counts, key=lambda c: (-class_counts[c], c)) if class_counts else None
     nan = float("nan")
-    base["word_class"] = (float(np.mean([classes[i] == top for i in test_idx]))
-                          if len(test_idx) else nan)
+    base["word_class"] = float(np.mean([classes[i] == top for i in test_idx])) if len(test_idx) else nan
     if sentences is not None:
         tokens = [w for s in sentences for w in s]
         if len(tokens) != len(classes):
@@ -306,8 +322,7 @@ def probe_table(embeddings: Sequence[np.ndarray], labels: Sequence[Mapping[str, 
             base[f"word_class_per_word_{name}"] = float(hits[sub].mean()) if sub.any() else nan
     base["n_class_test"] = len(test_idx)
     for name, sub in subsets.items():
-        base[f"word_class_{name}"] = (float(np.mean([classes[i] == top for i in test_idx[sub]]))
-                                      if sub.any() else nan)
+        base[f"word_class_{name}"] = float(np.mean([classes[i] == top for i in test_idx[sub]])) if sub.any() else nan
         base[f"n_class_test_{name}"] = int(sub.sum())
     rows.append(base)
     return rows
@@ -320,20 +335,24 @@ def format_probe_table(rows: Sequence[Mapping[str, Any]]) -> str:
         return "   -" if x is None or (isinstance(x, float) and np.isnan(x)) else f"{100 * x:5.1f}"
 
     last = rows[-1] if rows else {}
-    subsets = [k[len("n_class_test_"):] for k in last if k.startswith("n_class_test_")]
+    subsets = [k[len("n_class_test_") :] for k in last if k.startswith("n_class_test_")]
     head = f"{'view':<18} {'WSD 1-NN':>8} {'left':>6} {'right':>6} {'both':>6} {'class':>7}"
     head += "".join(f" {'class/' + n:>13}" for n in subsets)
     lines = [head, "-" * len(head)]
     for r in rows:
-        line = (f"{r['view']:<18} {pct(r.get('wsd')):>8} {pct(r.get('wsd_left')):>6} "
-                f"{pct(r.get('wsd_right')):>6} {pct(r.get('wsd_both')):>6} {pct(r.get('word_class')):>7}")
+        line = (
+            f"{r['view']:<18} {pct(r.get('wsd')):>8} {pct(r.get('wsd_left')):>6} "
+            f"{pct(r.get('wsd_right')):>6} {pct(r.get('wsd_both')):>6} {pct(r.get('word_class')):>7}"
+        )
         lines.append(line + "".join(f" {pct(r.get('word_class_' + n)):>13}" for n in subsets))
         if "word_class_per_word" in r:
             line = f"{'  (per-word majority class)':<48} {pct(r['word_class_per_word']):>7}"
             lines.append(line + "".join(f" {pct(r.get('word_class_per_word_' + n)):>13}" for n in subsets))
-    lines.append(f"WSD: accuracy over {last.get('n_wsd_test', 0)} test occurrences of polysemous "
-                 f"words (left/right/both: the side of the context that decides the sense); "
-                 f"class: linear probe accuracy over {last.get('n_class_test', 0)} test tokens"
-                 + "".join(f"; class/{n}: over the {last['n_class_test_' + n]} of them that are {n}"
-                           for n in subsets) + ".")
+    lines.append(
+        f"WSD: accuracy over {last.get('n_wsd_test', 0)} test occurrences of polysemous "
+        f"words (left/right/both: the side of the context that decides the sense); "
+        f"class: linear probe accuracy over {last.get('n_class_test', 0)} test tokens"
+        + "".join(f"; class/{n}: over the {last['n_class_test_' + n]} of them that are {n}" for n in subsets)
+        + "."
+    )
     return "\n".join(lines)

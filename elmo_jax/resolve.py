@@ -21,8 +21,9 @@ from elmo_jax.hub.cache import cache_home, fetch
 from elmo_jax.hub.names import OPTIONS_FILE, RELEASED_MODELS, WEIGHTS_FILE, is_model_spec, is_url, suggestion
 
 
-def resolve_model(spec: str | os.PathLike, *, offline: bool | None = None, progress: bool = True,
-                  force: bool = False) -> Path:
+def resolve_model(
+    spec: str | os.PathLike, *, offline: bool | None = None, progress: bool = True, force: bool = False
+) -> Path:
     """A local folder holding the model ``spec`` names, downloading it on first use.
 
     ``spec``: an existing folder (returned as it is, unchecked, even where its path is also
@@ -35,8 +36,9 @@ def resolve_model(spec: str | os.PathLike, *, offline: bool | None = None, progr
     does not exist.
     """
     if not str(spec).strip():  # Path("") would be the current folder
-        raise ValueError(f"no model given: name a model folder, a released model "
-                         f"({', '.join(RELEASED_MODELS)}) or an http(s):// URL")
+        raise ValueError(
+            f"no model given: name a model folder, a released model ({', '.join(RELEASED_MODELS)}) or an http(s):// URL"
+        )
     path = None if is_url(spec) else Path(spec)
     if path is not None:
         refuse_symlink_loop(path)

@@ -25,8 +25,10 @@ from elmo_jax.plots import curves_png, sense_projection_png
 
 # The optimum is the generator's perplexity on held-out text; the training batches are text
 # the model has seen, so their curve may go below it.
-OPTIMUM_LABEL = ("generator's optimum {value:.2f}: the floor for held-out text only\n"
-                 "(training batches, seen before, can go below it)")
+OPTIMUM_LABEL = (
+    "generator's optimum {value:.2f}: the floor for held-out text only\n"
+    "(training batches, seen before, can go below it)"
+)
 PERPLEXITY_PNG = "perplexity.png"
 SENSES_PNG = "word_senses.png"
 
@@ -68,16 +70,25 @@ def corpus_references(corpus_dir: str, vocab_tokens) -> dict[str, float]:
 
 def plot_perplexity(workdir: str, metrics: dict[str, dict[int, dict]], references: dict[str, float]) -> str:
     evals = {s: r["perplexity"] for s, r in metrics.get("eval", {}).items() if np.isfinite(r.get("perplexity", np.nan))}
-    train = {s: r["perplexity"] for s, r in metrics.get("train", {}).items()
-             if "perplexity" in r and np.isfinite(r["perplexity"])}
+    train = {
+        s: r["perplexity"]
+        for s, r in metrics.get("train", {}).items()
+        if "perplexity" in r and np.isfinite(r["perplexity"])
+    }
     if not evals and not train:
-        raise ElmoError(f"{workdir}/metrics.jsonl holds no perplexity yet (no held-out evaluation, and a sampled "
-                        f"softmax gives none for training batches): score a checkpoint with `elmo-jax eval {workdir}`")
+        raise ElmoError(
+            f"{workdir}/metrics.jsonl holds no perplexity yet (no held-out evaluation, and a sampled "
+            f"softmax gives none for training batches): score a checkpoint with `elmo-jax eval {workdir}`"
+        )
     curves = {"held-out": evals, "training batches (dropout on)": train}
     name = os.path.basename(os.path.normpath(workdir))
-    return curves_png(curves, os.path.join(workdir, PERPLEXITY_PNG), references=references,
-                      title=f"{name}: perplexity against training steps",
-                      styles={"held-out": "o-", "training batches (dropout on)": "-"})
+    return curves_png(
+        curves,
+        os.path.join(workdir, PERPLEXITY_PNG),
+        references=references,
+        title=f"{name}: perplexity against training steps",
+        styles={"held-out": "o-", "training batches (dropout on)": "-"},
+    )
 
 
 def _occurrences(corpus_dir: str, split: str, word: str | None, max_sentences: int):
@@ -90,13 +101,18 @@ def _occurrences(corpus_dir: str, split: str, word: str | None, max_sentences: i
     sentences, labels = load_corpus(corpus_dir, split)
     sentences, labels = sentences[:max_sentences], labels[:max_sentences]
     if word is None:
-        counts = Counter(tok for s, lab in zip(sentences, labels) for tok, sense in zip(s, lab["senses"])
-                         if sense != NO_SENSE)
+        counts = Counter(
+            tok for s, lab in zip(sentences, labels) for tok, sense in zip(s, lab["senses"]) if sense != NO_SENSE
+        )
         if not counts:
             raise ElmoError(f"{corpus_dir}: no ambiguous word in the {split} text")
         word = counts.most_common(1)[0][0]
-    rows = [(i, j, lab["senses"][j].split("#", 1)[-1]) for i, (s, lab) in enumerate(zip(sentences, labels))
-            for j, tok in enumerate(s) if tok == word and lab["senses"][j] != NO_SENSE]
+    rows = [
+        (i, j, lab["senses"][j].split("#", 1)[-1])
+        for i, (s, lab) in enumerate(zip(sentences, labels))
+        for j, tok in enumerate(s)
+        if tok == word and lab["senses"][j] != NO_SENSE
+    ]
     return word, sentences, rows
 
 
@@ -108,8 +124,9 @@ def _layer_vectors(elmo, sentences, rows, progress: bool = False) -> np.ndarray:
     return np.stack([vectors[index[i]][:, j] for i, j, _ in rows], axis=1)
 
 
-def plot_word_senses(workdir: str, corpus_dir: str, params: dict, model_config, max_sentences: int = 2000,
-                     max_fit: int = 300, say=None) -> str:
+def plot_word_senses(
+    workdir: str, corpus_dir: str, params: dict, model_config, max_sentences: int = 2000, max_fit: int = 300, say=None
+) -> str:
     """The held-out occurrences of the most frequent ambiguous word, per layer, along a sense
     direction fitted on up to ``max_fit`` of its training occurrences (:func:`elmo_jax.plots.fisher_2d`).
     ``say``: where to tell what takes minutes (then the embedding shows a progress bar)."""
@@ -123,23 +140,32 @@ def plot_word_senses(workdir: str, corpus_dir: str, params: dict, model_config, 
         raise ElmoError(f"{corpus_dir}: the training text lacks occurrences of both senses of {word!r}")
     elmo = Elmo(model_config, params)
     if say is not None:
-        say(f"word senses: embedding the sentences of {len(rows)} held-out and {len(fit_rows)} training "
-            f"occurrences of {word!r} (minutes on a CPU)")
+        say(
+            f"word senses: embedding the sentences of {len(rows)} held-out and {len(fit_rows)} training "
+            f"occurrences of {word!r} (minutes on a CPU)"
+        )
     progress = say is not None
     x, x_fit = _layer_vectors(elmo, heldout, rows, progress), _layer_vectors(elmo, train, fit_rows, progress)
     fit_senses = [sense for *_, sense in fit_rows]
-    points = {("layer 0 (char CNN)" if layer == 0 else f"layer {layer}"): fisher_2d(x_fit[layer], fit_senses, x[layer])
-              for layer in range(len(x))}
+    points = {
+        ("layer 0 (char CNN)" if layer == 0 else f"layer {layer}"): fisher_2d(x_fit[layer], fit_senses, x[layer])
+        for layer in range(len(x))
+    }
     senses = [sense for *_, sense in rows]
     return sense_projection_png(
-        points, senses, os.path.join(workdir, SENSES_PNG), word=word,
+        points,
+        senses,
+        os.path.join(workdir, SENSES_PNG),
+        word=word,
         title=f"'{word}' in {len(rows)} held-out sentences, per layer",
         xlabel=f"sense direction (fitted on {len(fit_rows)} training occurrences)",
-        ylabel="first principal axis of the rest")
+        ylabel="first principal axis of the rest",
+    )
 
 
-def plot_run(workdir: str | os.PathLike, *, params: dict | None = None, model_config=None,
-             vocab_tokens=None, say=None) -> list[str]:
+def plot_run(
+    workdir: str | os.PathLike, *, params: dict | None = None, model_config=None, vocab_tokens=None, say=None
+) -> list[str]:
     """Write the run's pictures next to its results; returns their paths.  ``params`` (the
     biLM's), ``model_config`` and ``vocab_tokens``: the run's, when the caller has them;
     otherwise read from the newest checkpoint and ``vocab.txt``.  ``say``: told of each

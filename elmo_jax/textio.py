@@ -31,8 +31,10 @@ class NulByteError(TextEncodingError):
 def nul_refusal(where: str, column: int) -> NulByteError:
     """The error for a NUL at 0-based ``column`` (byte or character) of ``where``
     (``"path, line 3"`` or ``"sentence 5"``)."""
-    return NulByteError(f"{where}: holds a NUL byte (\\x00, at position {column}); text must not hold "
-                        f"NUL bytes (a binary or damaged file?): {NUL_FIX}")
+    return NulByteError(
+        f"{where}: holds a NUL byte (\\x00, at position {column}); text must not hold "
+        f"NUL bytes (a binary or damaged file?): {NUL_FIX}"
+    )
 
 
 def refuse_nul(text: str, where: str) -> None:
@@ -57,11 +59,15 @@ def decode_line(raw: bytes, path: str, lineno: int) -> str:
         return text[1:] if lineno == 1 and text.startswith(UTF8_BOM) else text
     except UnicodeDecodeError as e:
         if lineno == 1 and raw.startswith(HDF5_SIGNATURE[:4]):  # the rest may be cut at its \n
-            raise TextEncodingError(f"{path} is an HDF5 file, not text: was a weight or token-cache file "
-                                    f"given where a text file is expected (arguments swapped?)") from None
+            raise TextEncodingError(
+                f"{path} is an HDF5 file, not text: was a weight or token-cache file "
+                f"given where a text file is expected (arguments swapped?)"
+            ) from None
         if lineno == 1 and raw.startswith(UTF16_BOMS):
-            raise TextEncodingError(f"{path} is UTF-16 text (it starts with a UTF-16 byte-order mark); "
-                                    f"convert it to UTF-8 (e.g. iconv -f UTF-16 -t UTF-8)") from None
+            raise TextEncodingError(
+                f"{path} is UTF-16 text (it starts with a UTF-16 byte-order mark); "
+                f"convert it to UTF-8 (e.g. iconv -f UTF-16 -t UTF-8)"
+            ) from None
         raise TextEncodingError(
             f"{path}, line {lineno}: not valid UTF-8 ({e.reason} at byte {e.start} of the line); "
             f"convert the file to UTF-8 (e.g. iconv -f LATIN1 -t UTF-8)"

@@ -97,14 +97,18 @@ def embed_vs_raw(preset: str, lines: list[str], batch_size: int, devices, reps: 
     tokens = CallTokens(toks, elmo.config.char_cnn.max_characters_per_token)
     plans = plan_groups(tokens.lengths, batch_size, stateful=False, n_devices=len(elmo.devices))
     put = elmo.put_rows
-    inputs = [(put(g.char_ids_RTC), elmo._states.zeros(g.plan.n_rows), put(g.lengths_R))
-              for g in (prepare_group(tokens, p, None) for p in plans)]
+    inputs = [
+        (put(g.char_ids_RTC), elmo._states.zeros(g.plan.n_rows), put(g.lengths_R))
+        for g in (prepare_group(tokens, p, None) for p in plans)
+    ]
     markers = elmo._marker_vectors()
     jax.block_until_ready(inputs)
 
     def raw() -> None:
-        outs = [elmo._forward(elmo.params, elmo.config, ids, state, lengths, markers=markers)[0]
-                for ids, state, lengths in inputs]
+        outs = [
+            elmo._forward(elmo.params, elmo.config, ids, state, lengths, markers=markers)[0]
+            for ids, state, lengths in inputs
+        ]
         jax.block_until_ready(outs)
 
     def embed() -> None:
@@ -153,21 +157,27 @@ def main() -> None:
     if args.pipeline:
         n_dev = args.devices or jax.local_device_count()
         host = host_tokens_per_cpu_second(corpus_lines(args.host_sentences, seed=1), args.batch_size, 50, n_dev)
-        print(f"host path: {host['tokens']:,} tokens in {host['groups']} groups, {host['cpu_s']:.2f} CPU-s: "
-              f"{host['tokens_per_cpu_s']:,.0f} tokens per CPU-second")
+        print(
+            f"host path: {host['tokens']:,} tokens in {host['groups']} groups, {host['cpu_s']:.2f} CPU-s: "
+            f"{host['tokens_per_cpu_s']:,.0f} tokens per CPU-second"
+        )
         lines = corpus_lines(args.sentences)
         for preset in args.presets:
             r = embed_vs_raw(preset, lines, args.batch_size, args.devices, args.reps)
-            print(f"{preset}: {r['tokens']:,} tokens, {r['groups']} groups, {r['devices']} device(s): embed() "
-                  f"{r['embed_tokens_per_s']:,.0f} tokens/s, raw jitted model {r['raw_tokens_per_s']:,.0f} tokens/s, "
-                  f"embed/raw {r['embed_over_raw']:.0%}")
+            print(
+                f"{preset}: {r['tokens']:,} tokens, {r['groups']} groups, {r['devices']} device(s): embed() "
+                f"{r['embed_tokens_per_s']:,.0f} tokens/s, raw jitted model {r['raw_tokens_per_s']:,.0f} tokens/s, "
+                f"embed/raw {r['embed_over_raw']:.0%}"
+            )
         return
     for preset in args.presets:
         tps = throughput(preset, 64, 20, args.batches if preset != "original" else 1)
         print(f"{preset}: {tps:,.0f} tokens/s (batch 64 x 20 tokens)")
     shapes, seconds, wall, bound = compile_cost(args.presets[0], 1000, 60)
-    print(f"{args.presets[0]}, 1000 sentences of 1..60 tokens: {shapes} shapes compiled (bound {bound}), "
-          f"backend compile time {seconds:.1f} s, total wall {wall:.1f} s")
+    print(
+        f"{args.presets[0]}, 1000 sentences of 1..60 tokens: {shapes} shapes compiled (bound {bound}), "
+        f"backend compile time {seconds:.1f} s, total wall {wall:.1f} s"
+    )
 
 
 if __name__ == "__main__":

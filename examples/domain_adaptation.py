@@ -83,19 +83,32 @@ def main() -> int:
     def data(corpus: str) -> list[str]:
         return [f"--config.data={corpus}/train.txt", f"--config.heldout={corpus}/heldout.txt"]
 
-    b_common = [*data(corpus_b), "--config.epochs=1000", f"--config.eval_every={args.eval_every}",
-                "--config.checkpoint_every=600"]
+    b_common = [
+        *data(corpus_b),
+        "--config.epochs=1000",
+        f"--config.eval_every={args.eval_every}",
+        "--config.checkpoint_every=600",
+    ]
     walls = {
         "a": run(["--workdir", f"{out}/a", *data(corpus_a), f"--config.max_steps={args.steps_a}"]),
-        "b-continued": run(["--workdir", f"{out}/b-continued", f"--config.init_from={out}/a", *b_common,
-                            f"--config.max_steps={args.steps_b}"]),
+        "b-continued": run(
+            [
+                "--workdir",
+                f"{out}/b-continued",
+                f"--config.init_from={out}/a",
+                *b_common,
+                f"--config.max_steps={args.steps_b}",
+            ]
+        ),
         "b-scratch": run(["--workdir", f"{out}/b-scratch", *b_common, f"--config.max_steps={args.steps_scratch}"]),
     }
     continued, scratch = evals(f"{out}/b-continued"), evals(f"{out}/b-scratch")
     with open(os.path.join(corpus_b, "stats.json"), encoding="utf-8") as f:
         optimum = json.load(f)["optimum_heldout_perplexity_train_vocab"]
-    print(f"\nheld-out perplexity on domain B (optimum {optimum:.2f}); A pretrained {args.steps_a} steps "
-          f"({walls['a']:.0f} s)")
+    print(
+        f"\nheld-out perplexity on domain B (optimum {optimum:.2f}); A pretrained {args.steps_a} steps "
+        f"({walls['a']:.0f} s)"
+    )
     print("| step | continued from A | from scratch |\n|---|---|---|")
     for step in sorted(set(continued) | set(scratch)):
         cells = [f"{curve[step]:.1f}" if step in curve else "" for curve in (continued, scratch)]
@@ -103,10 +116,15 @@ def main() -> int:
     for target in sorted({min(scratch.values()), min(continued.values())}, reverse=True):
         for name, curve in (("continued from A", continued), ("from scratch", scratch)):
             step = steps_to(curve, target)
-            print(f"{name}: perplexity <= {target:.2f} at step {step}" if step is not None else
-                  f"{name}: perplexity <= {target:.2f} not reached in {max(curve)} steps")
-    print(f"wall time: continued {walls['b-continued']:.0f} s, from scratch {walls['b-scratch']:.0f} s "
-          f"(timings only mean something on an idle machine)")
+            print(
+                f"{name}: perplexity <= {target:.2f} at step {step}"
+                if step is not None
+                else f"{name}: perplexity <= {target:.2f} not reached in {max(curve)} steps"
+            )
+    print(
+        f"wall time: continued {walls['b-continued']:.0f} s, from scratch {walls['b-scratch']:.0f} s "
+        f"(timings only mean something on an idle machine)"
+    )
     picture(out, continued, scratch, optimum)
     return 0
 
@@ -116,12 +134,17 @@ def picture(out: str, continued: dict[int, float], scratch: dict[int, float], op
     from elmo_jax.plots import INSTALL_HINT, curves_png, have_matplotlib
 
     if not have_matplotlib():
-        print(f"the picture of these curves needs matplotlib: {INSTALL_HINT}, then run this command again "
-              f"(the finished runs are reused)")
+        print(
+            f"the picture of these curves needs matplotlib: {INSTALL_HINT}, then run this command again "
+            f"(the finished runs are reused)"
+        )
         return
-    path = curves_png({"continued from A (init_from)": continued, "from scratch": scratch},
-                      os.path.join(out, "domain_adaptation.png"), references={"generator's optimum on B": optimum},
-                      title="held-out perplexity on domain B: scratch against init_from")
+    path = curves_png(
+        {"continued from A (init_from)": continued, "from scratch": scratch},
+        os.path.join(out, "domain_adaptation.png"),
+        references={"generator's optimum on B": optimum},
+        title="held-out perplexity on domain B: scratch against init_from",
+    )
     print(f"wrote {path}")
 
 

@@ -51,8 +51,14 @@ from elmo_jax.train.stop import Stopped, raise_on_signal  # noqa: E402
 # Adam learning rates tried for each head; the best on the dev split is kept.
 LEARNING_RATES = (3e-2, 1e-2, 3e-3)
 # Tiny model for --quick: compiles and runs in seconds.
-MICRO = {"dim": 32, "projection_dim": 16, "embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]],
-         "n_highway": 1, "max_characters_per_token": 16}
+MICRO = {
+    "dim": 32,
+    "projection_dim": 16,
+    "embedding_dim": 4,
+    "filters": [[1, 8], [2, 8], [3, 16]],
+    "n_highway": 1,
+    "max_characters_per_token": 16,
+}
 
 
 def pretrain(workdir: str, corpus: str, quick: bool) -> Elmo:
@@ -61,12 +67,20 @@ def pretrain(workdir: str, corpus: str, quick: bool) -> Elmo:
     from elmo_jax.train.loop import train
 
     cfg = TrainConfig(
-        model="tiny", model_overrides=MICRO if quick else {},
-        data=os.path.join(corpus, "train.txt"), heldout=os.path.join(corpus, "heldout.txt"),
-        batch_size=8 if quick else 32, unroll_steps=10 if quick else 20,
-        num_negatives=64 if quick else 8192, epochs=3, max_steps=5 if quick else 600,
-        optimizer="adam", learning_rate=0.003,  # as configs/tiny.py
-        log_every=5 if quick else 100, checkpoint_every=10_000, dropout=0.1,
+        model="tiny",
+        model_overrides=MICRO if quick else {},
+        data=os.path.join(corpus, "train.txt"),
+        heldout=os.path.join(corpus, "heldout.txt"),
+        batch_size=8 if quick else 32,
+        unroll_steps=10 if quick else 20,
+        num_negatives=64 if quick else 8192,
+        epochs=3,
+        max_steps=5 if quick else 600,
+        optimizer="adam",
+        learning_rate=0.003,  # as configs/tiny.py
+        log_every=5 if quick else 100,
+        checkpoint_every=10_000,
+        dropout=0.1,
         data_dir=os.path.join(workdir, "tfds"),
     )
     start = time.perf_counter()
@@ -80,16 +94,26 @@ def pretrain(workdir: str, corpus: str, quick: bool) -> Elmo:
 
 def parse_args(argv: list[str] | None, description: str) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("model_dir", nargs="?", help="a model folder, or a training workdir such as runs/tiny "
-                                                 "(default: pretrain a tiny model first)")
-    ap.add_argument("--quick", action="store_true",
-                    help="small everything and one learning rate: a first look, and the tests (10-30 s on an "
-                         "idle 2-core CPU, most of it compiling)")
+    ap.add_argument(
+        "model_dir",
+        nargs="?",
+        help="a model folder, or a training workdir such as runs/tiny (default: pretrain a tiny model first)",
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="small everything and one learning rate: a first look, and the tests (10-30 s on an "
+        "idle 2-core CPU, most of it compiling)",
+    )
     ap.add_argument("--workdir", help="where to pretrain and keep the corpus (default: a temp folder)")
     ap.add_argument("--steps", type=int, help="training steps (default 400; fewer with --quick)")
-    ap.add_argument("--plots", default=os.path.join("runs", "finetune_heads"), metavar="DIR",
-                    help="where finetune_heads.py writes scalar_mix.png, the trained mixes' layer weights "
-                         "(default runs/finetune_heads; needs matplotlib)")
+    ap.add_argument(
+        "--plots",
+        default=os.path.join("runs", "finetune_heads"),
+        metavar="DIR",
+        help="where finetune_heads.py writes scalar_mix.png, the trained mixes' layer weights "
+        "(default runs/finetune_heads; needs matplotlib)",
+    )
     return ap.parse_args(argv)
 
 
@@ -109,8 +133,11 @@ def run_stoppable(script: str, args: argparse.Namespace, body: Callable[[str], i
             return 2
         except (Stopped, KeyboardInterrupt) as e:
             name = e.args[0] if isinstance(e, Stopped) and e.args else "SIGINT"
-            after = (f"its temporary folder {temporary} was removed" if temporary else
-                     f"{args.workdir} is kept: the same command continues from what it holds")
+            after = (
+                f"its temporary folder {temporary} was removed"
+                if temporary
+                else f"{args.workdir} is kept: the same command continues from what it holds"
+            )
             print(f"{script}: stopped by {name}; {after}", file=sys.stderr)
             return 128 + int(getattr(signal, name, signal.SIGTERM))
         finally:
@@ -122,8 +149,9 @@ def model_and_corpus(args: argparse.Namespace, workdir: str) -> tuple[Elmo, str]
     """The frozen ELMo (``args.model_dir``, or pretrained in ``workdir``) and the corpus folder."""
     corpus = os.path.join(workdir, "corpus")
     if not os.path.exists(os.path.join(corpus, "stats.json")):
-        write_corpus(corpus, n_train=400 if args.quick else 20_000, n_heldout=100 if args.quick else 1000,
-                     overwrite=True)
+        write_corpus(
+            corpus, n_train=400 if args.quick else 20_000, n_heldout=100 if args.quick else 1000, overwrite=True
+        )
     elmo = Elmo.load(args.model_dir, batch_size=256) if args.model_dir else pretrain(workdir, corpus, args.quick)
     return elmo, corpus
 
@@ -132,6 +160,7 @@ class TaggingData(NamedTuple):
     """The word-class task: sentences and gold classes of each split.  ``fit`` trains,
     ``dev`` (the last fifth of the training sentences) chooses learning rates, ``test``
     is the corpus's held-out text."""
+
     fit: tuple[list, list]
     dev: tuple[list, list]
     test: tuple[list, list]
@@ -146,8 +175,12 @@ def tagging_data(corpus: str, quick: bool) -> TaggingData:
     test_s, test_lab = test_s[:n_test], [lab["classes"] for lab in test_lab[:n_test]]
     classes = sorted({c for lab in train_lab + test_lab for c in lab})
     n_fit = len(train_s) * 4 // 5
-    return TaggingData((train_s[:n_fit], train_lab[:n_fit]), (train_s[n_fit:], train_lab[n_fit:]),
-                       (test_s, test_lab), {c: i for i, c in enumerate(classes)})
+    return TaggingData(
+        (train_s[:n_fit], train_lab[:n_fit]),
+        (train_s[n_fit:], train_lab[n_fit:]),
+        (test_s, test_lab),
+        {c: i for i, c in enumerate(classes)},
+    )
 
 
 def embedded(elmo: Elmo, data: TaggingData) -> dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]]:
@@ -163,8 +196,16 @@ def embedded(elmo: Elmo, data: TaggingData) -> dict[str, tuple[np.ndarray, np.nd
     return out
 
 
-def train_head(elmo: Elmo, head: str, seed: int, n_classes: int, fit: tuple, dev: tuple, steps: int,
-               rates: tuple[float, ...] = LEARNING_RATES):
+def train_head(
+    elmo: Elmo,
+    head: str,
+    seed: int,
+    n_classes: int,
+    fit: tuple,
+    dev: tuple,
+    steps: int,
+    rates: tuple[float, ...] = LEARNING_RATES,
+):
     """A ``finetune`` tagger with ``head`` at the Adam rate of ``rates`` that does best on
     ``dev``: ``(dev accuracy, rate, TrainResult)``."""
     params = init_tagger(jax.random.key(seed), elmo.config, n_classes, head)
@@ -186,16 +227,26 @@ def run(args: argparse.Namespace, workdir: str) -> int:
     data = tagging_data(corpus, args.quick)
     start = time.perf_counter()
     splits = embedded(elmo, data)
-    print(f"embedded {len(data.fit[0]) + len(data.dev[0])} + {len(data.test[0])} sentences in "
-          f"{time.perf_counter() - start:.1f} s; {len(data.classes)} word classes")
+    print(
+        f"embedded {len(data.fit[0]) + len(data.dev[0])} + {len(data.test[0])} sentences in "
+        f"{time.perf_counter() - start:.1f} s; {len(data.classes)} word classes"
+    )
 
     steps = args.steps or (150 if args.quick else 400)
     heads = ["mix", "mix:layer_norm", "components"] + [f"layer:{k}" for k in range(elmo.config.n_output_layers)]
     print(f"{'head':<15} {'rate':>6} {'train loss':>10} {'dev':>7} {'accuracy':>9}")
     mixes = {}
     for n, head in enumerate(heads):
-        dev_acc, rate, result = train_head(elmo, head, n, len(data.classes), splits["fit"], splits["dev"], steps,
-                                           rates=(1e-2,) if args.quick else LEARNING_RATES)
+        dev_acc, rate, result = train_head(
+            elmo,
+            head,
+            n,
+            len(data.classes),
+            splits["fit"],
+            splits["dev"],
+            steps,
+            rates=(1e-2,) if args.quick else LEARNING_RATES,
+        )
         acc = accuracy(result.params, *splits["test"], head)
         extra = ""
         if head.startswith("mix"):
@@ -217,8 +268,9 @@ def mix_picture(mixes: dict[str, list[float]], folder: str) -> None:
     if not have_matplotlib():
         print(f"a picture of the mixes' layer weights needs matplotlib: {INSTALL_HINT}")
         return
-    path = layer_weights_png(mixes, os.path.join(folder, "scalar_mix.png"),
-                             title="word-class tagger: the trained ScalarMix's layer weights")
+    path = layer_weights_png(
+        mixes, os.path.join(folder, "scalar_mix.png"), title="word-class tagger: the trained ScalarMix's layer weights"
+    )
     print(f"wrote {path}")
 
 

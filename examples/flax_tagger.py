@@ -40,8 +40,15 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from finetune_heads import (LEARNING_RATES, embedded, model_and_corpus, parse_args, run_stoppable,  # noqa: E402
-                            tagging_data, train_head)
+from finetune_heads import (
+    LEARNING_RATES,
+    embedded,
+    model_and_corpus,
+    parse_args,
+    run_stoppable,  # noqa: E402
+    tagging_data,
+    train_head,
+)
 
 from elmo_jax.finetune import accuracy  # noqa: E402
 from elmo_jax.nnx import ElmoLayer, batch_inputs, parameter_counts  # noqa: E402
@@ -54,8 +61,9 @@ class Tagger(nnx.Module):
     def __init__(self, elmo, n_classes: int, hidden: int, *, rngs: nnx.Rngs):
         self.elmo = ElmoLayer(elmo, num_output_representations=2, dropout=0.25, rngs=rngs)
         d = elmo.config.output_dim
-        self.rnn = nnx.Bidirectional(nnx.RNN(nnx.LSTMCell(d, hidden, rngs=rngs)),
-                                     nnx.RNN(nnx.LSTMCell(d, hidden, rngs=rngs)), rngs=rngs)
+        self.rnn = nnx.Bidirectional(
+            nnx.RNN(nnx.LSTMCell(d, hidden, rngs=rngs)), nnx.RNN(nnx.LSTMCell(d, hidden, rngs=rngs)), rngs=rngs
+        )
         self.out = nnx.Linear(2 * hidden + d, n_classes, rngs=rngs)
 
     def __call__(self, char_ids_BTC, mask_BT):
@@ -116,8 +124,9 @@ def run(args: argparse.Namespace, workdir: str) -> int:
 
     model = Tagger(elmo, n_classes, hidden=16 if args.quick else 64, rngs=nnx.Rngs(0))
     n_trainable, n_frozen = parameter_counts(model)
-    print(f"nnx tagger: {n_trainable:,} trainable parameters (mixes, biLSTM, classifier), "
-          f"{n_frozen:,} frozen (the biLM)")
+    print(
+        f"nnx tagger: {n_trainable:,} trainable parameters (mixes, biLSTM, classifier), {n_frozen:,} frozen (the biLM)"
+    )
     optimizer = nnx.Optimizer(model, optax.adam(3e-3), wrt=nnx.Param)
     rng = np.random.default_rng(0)
     fit_s, fit_lab = data.fit
@@ -125,25 +134,35 @@ def run(args: argparse.Namespace, workdir: str) -> int:
     model.train()
     for _ in range(steps):
         idx = rng.integers(0, len(fit_s), size=min(BATCH_ROWS, len(fit_s)))
-        ids, mask, y = batch([fit_s[i] for i in idx], [fit_lab[i] for i in idx], data.classes, elmo.config,
-                             BATCH_ROWS)
+        ids, mask, y = batch([fit_s[i] for i in idx], [fit_lab[i] for i in idx], data.classes, elmo.config, BATCH_ROWS)
         shapes.add(ids.shape)  # the step compiles once per shape
         losses.append(float(train_step(model, optimizer, ids, mask, y)))
     model.eval()
-    print(f"trained {steps} steps in {time.perf_counter() - start:.0f} s ({len(shapes)} step shapes compiled: "
-          f"time buckets {sorted(t for _, t, _ in shapes)})")
+    print(
+        f"trained {steps} steps in {time.perf_counter() - start:.0f} s ({len(shapes)} step shapes compiled: "
+        f"time buckets {sorted(t for _, t, _ in shapes)})"
+    )
     dev_acc = tagger_accuracy(model, data.dev, data.classes, elmo.config)
     test_acc = tagger_accuracy(model, data.test, data.classes, elmo.config)
     w = [" ".join(f"{float(v):.2f}" for v in jax.nn.softmax(m.scalars[...])) for m in model.elmo.mixes]
 
     splits = embedded(elmo, data)  # the finetune heads read precomputed layers
     print(f"\n{'model':<15} {'rate':>6} {'train loss':>10} {'dev':>7} {'accuracy':>9}")
-    print(f"{'nnx tagger':<15} {3e-3:>6g} {np.mean(losses[-10:]):>10.3f} {dev_acc:>7.1%} {test_acc:>9.1%}"
-          f"  layer weights {w[0]} | {w[1]}")
+    print(
+        f"{'nnx tagger':<15} {3e-3:>6g} {np.mean(losses[-10:]):>10.3f} {dev_acc:>7.1%} {test_acc:>9.1%}"
+        f"  layer weights {w[0]} | {w[1]}"
+    )
     for n, head in enumerate(("mix", "components")):
-        dev, rate, result = train_head(elmo, head, n, n_classes, splits["fit"], splits["dev"],
-                                       args.steps or (40 if args.quick else 400),
-                                       rates=(1e-2,) if args.quick else LEARNING_RATES)
+        dev, rate, result = train_head(
+            elmo,
+            head,
+            n,
+            n_classes,
+            splits["fit"],
+            splits["dev"],
+            args.steps or (40 if args.quick else 400),
+            rates=(1e-2,) if args.quick else LEARNING_RATES,
+        )
         acc = accuracy(result.params, *splits["test"], head)
         print(f"{head:<15} {rate:>6g} {np.mean(result.losses[-10:]):>10.3f} {dev:>7.1%} {acc:>9.1%}")
     _, y_test, m_test = splits["test"]

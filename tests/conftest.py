@@ -16,8 +16,10 @@ import pytest
 # subprocesses the tests start inherit it (with `device_env` where they emulate devices).
 _XLA_OPT = os.environ.get("ELMO_JAX_TEST_XLA_OPT", "0").strip() or "0"
 if _XLA_OPT not in ("default", "0", "1", "2", "3"):  # XLA would abort the first compile, silently
-    raise pytest.UsageError(f"ELMO_JAX_TEST_XLA_OPT={_XLA_OPT!r} is not a setting: give 'default' (compile as "
-                            f"users do) or an LLVM optimisation level 0-3 (unset: 0)")
+    raise pytest.UsageError(
+        f"ELMO_JAX_TEST_XLA_OPT={_XLA_OPT!r} is not a setting: give 'default' (compile as "
+        f"users do) or an LLVM optimisation level 0-3 (unset: 0)"
+    )
 if _XLA_OPT != "default" and "xla_backend_optimization_level" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} --xla_backend_optimization_level={_XLA_OPT}".strip()
 

@@ -29,14 +29,24 @@ from elmoformanylangs.modules.embedding_layer import EmbeddingLayer
 
 ARCH = {
     "encoder": {"name": "elmo", "projection_dim": 16, "cell_clip": 3, "proj_clip": 3, "dim": 24, "n_layers": 2},
-    "token_embedder": {"name": "cnn", "activation": "relu", "filters": [[1, 8], [2, 8], [3, 16]],
-                       "n_highway": 2, "word_dim": 6, "char_dim": 5, "max_characters_per_token": 20},
+    "token_embedder": {
+        "name": "cnn",
+        "activation": "relu",
+        "filters": [[1, 8], [2, 8], [3, 16]],
+        "n_highway": 2,
+        "word_dim": 6,
+        "char_dim": 5,
+        "max_characters_per_token": 20,
+    },
     "classifier": {"name": "sampled_softmax", "n_samples": 8192},
     "dropout": 0.1,
 }
 # word_dim 8 + filters 16 = projection_dim 24: the package's projection is there all the same
-EQUAL_PROJECTION = {**ARCH, "encoder": {**ARCH["encoder"], "projection_dim": 24, "dim": 32},
-                    "token_embedder": {**ARCH["token_embedder"], "word_dim": 8, "filters": [[1, 4], [2, 4], [3, 8]]}}
+EQUAL_PROJECTION = {
+    **ARCH,
+    "encoder": {**ARCH["encoder"], "projection_dim": 24, "dim": 32},
+    "token_embedder": {**ARCH["token_embedder"], "word_dim": 8, "filters": [[1, 4], [2, 4], [3, 8]]},
+}
 CHARS = list("abcdefghijklmnopqrstuvwxyzéèàüöç中文字") + ["\u3000"]
 WORDS = ["the", "cat", "sat", "on", "mat", "café", "中文", "a"]
 
@@ -58,11 +68,26 @@ def make(folder, legacy, released_size=False, equal_projection=False):
     chars = ["<bow>", "<eow>", "<bos>", "<eos>", "<oov>", "<pad>"] + CHARS
     words = ["<oov>", "<pad>", "<bos>", "<eos>"] + WORDS
     if released_size:
-        arch = {**ARCH, "encoder": {"name": "elmo", "projection_dim": 512, "cell_clip": 3, "proj_clip": 3,
-                                    "dim": 4096, "n_layers": 2},
-                "token_embedder": {"name": "cnn", "activation": "relu", "n_highway": 2, "word_dim": 100,
-                                   "char_dim": 50, "max_characters_per_token": 50,
-                                   "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]]}}
+        arch = {
+            **ARCH,
+            "encoder": {
+                "name": "elmo",
+                "projection_dim": 512,
+                "cell_clip": 3,
+                "proj_clip": 3,
+                "dim": 4096,
+                "n_layers": 2,
+            },
+            "token_embedder": {
+                "name": "cnn",
+                "activation": "relu",
+                "n_highway": 2,
+                "word_dim": 100,
+                "char_dim": 50,
+                "max_characters_per_token": 50,
+                "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]],
+            },
+        }
         chars += [c for c in map(chr, range(0x4E00, 0x4E00 + 3000)) if c not in chars][: 3000 - len(chars)]
         words += [f"w{i}" for i in range(30000 - len(words))]
     write_dic(os.path.join(folder, "char.dic"), chars)

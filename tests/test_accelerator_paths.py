@@ -44,8 +44,11 @@ def _traced_as(monkeypatch, backend, fn):
 def _recurrence_loop(dtype):
     """Which loop the inference recurrence traces to: ``"while"`` or ``"scan"``."""
     z = jnp.zeros
-    jaxpr = str(jax.make_jaxpr(lambda *a: lstm.recurrence(*a, None, None, dtype))(
-        z((2, 3, 8)), z((2, 2, 3)), z((4, 2, 1, 8)), z((4, 2, 1, 1)), z((2, 1, 3)), z((2, 1, 2))))
+    jaxpr = str(
+        jax.make_jaxpr(lambda *a: lstm.recurrence(*a, None, None, dtype))(
+            z((2, 3, 8)), z((2, 2, 3)), z((4, 2, 1, 8)), z((4, 2, 1, 1)), z((2, 1, 3)), z((2, 1, 2))
+        )
+    )
     return "while" if " while[" in jaxpr else "scan"
 
 
@@ -76,10 +79,12 @@ def test_pretraining_gradient_on_the_accelerator_path_equals_the_cpu_path(monkey
     bwd = batch_to_ids(_sentences(3, 12, seed=5), n_chars)
     rng = np.random.default_rng(6)
     batch = {
-        "fwd_char_ids": jnp.asarray(fwd), "bwd_char_ids": jnp.asarray(bwd),
+        "fwd_char_ids": jnp.asarray(fwd),
+        "bwd_char_ids": jnp.asarray(bwd),
         "fwd_targets": jnp.asarray(rng.integers(0, vocab, fwd.shape[:2])),
         "bwd_targets": jnp.asarray(rng.integers(0, vocab, bwd.shape[:2])),
-        "fwd_mask": jnp.asarray(fwd.max(-1) > 0), "bwd_mask": jnp.asarray(bwd.max(-1) > 0),
+        "fwd_mask": jnp.asarray(fwd.max(-1) > 0),
+        "bwd_mask": jnp.asarray(bwd.max(-1) > 0),
     }
     lstm_state = lstm.zero_state(config, 3)
 
@@ -87,8 +92,7 @@ def test_pretraining_gradient_on_the_accelerator_path_equals_the_cpu_path(monkey
         return full_softmax_loss(softmax, h, targets)
 
     def run():
-        objective = jax.jit(jax.value_and_grad(
-            lambda p: lm_losses(p, config, batch, lstm_state, full)[0]))
+        objective = jax.jit(jax.value_and_grad(lambda p: lm_losses(p, config, batch, lstm_state, full)[0]))
         return objective(state["params"])
 
     (loss_cpu, grads_cpu) = _traced_as(monkeypatch, "cpu", run)
@@ -98,4 +102,3 @@ def test_pretraining_gradient_on_the_accelerator_path_equals_the_cpu_path(monkey
     for (path, g_cpu), g_acc in zip(jax.tree_util.tree_leaves_with_path(grads_cpu), jax.tree.leaves(grads_acc)):
         scale = float(jnp.max(jnp.abs(g_cpu))) + 1e-30
         assert float(jnp.max(jnp.abs(g_acc - g_cpu))) <= 1e-5 * scale, jax.tree_util.keystr(path)
-

@@ -12,7 +12,6 @@ from elmo_jax.data.text_source import InMemorySource, LocalTextSource
 from elmo_jax.data.vocab import Vocabulary
 
 
-
 def _corpus(n=60, seed=0, max_len=15):
     rng = np.random.default_rng(seed)
     words = [f"w{i}" for i in range(40)] + ["héllo", "日本"]
@@ -184,8 +183,13 @@ def test_sharding_partitions_the_sentences():
     seen = []
     for p in range(2):
         batcher = LMBatcher(
-            InMemorySource(sents), vocab, batch_size=2, unroll_steps=6, num_epochs=1,
-            process_index=p, process_count=2,
+            InMemorySource(sents),
+            vocab,
+            batch_size=2,
+            unroll_steps=6,
+            num_epochs=1,
+            process_index=p,
+            process_count=2,
         )
         assert batcher.steps_per_epoch == sum(len(s) + 1 for s in sents) // (2 * 2 * 6)
         got = [s for row in _rows(list(batcher), "fwd", vocab.bos_id) for s in _split(row, vocab, "<S>", "</S>")]
@@ -233,8 +237,7 @@ def test_small_token_table_gives_the_same_batches():
     sents = _corpus(n=30)
     vocab = Vocabulary.build(sents[:10])
     a = LMBatcher(InMemorySource(sents), vocab, batch_size=3, unroll_steps=5, seed=4, num_epochs=2)
-    b = LMBatcher(InMemorySource(sents), vocab, batch_size=3, unroll_steps=5, seed=4, num_epochs=2,
-                  char_cache_size=16)
+    b = LMBatcher(InMemorySource(sents), vocab, batch_size=3, unroll_steps=5, seed=4, num_epochs=2, char_cache_size=16)
     got_a, got_b = list(a), list(b)
     assert len(got_a) == len(got_b)
     for x, y in zip(got_a, got_b):

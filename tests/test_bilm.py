@@ -65,8 +65,9 @@ def test_backward_stack_is_forward_machinery_on_reversed_sentence():
     layers, _ = forward(params, TINY, batch_to_ids([tokens]))
     # Run the backward parameters as direction 0 on the reversed token sequence.
     swapped = jax.tree.map(lambda a: a[::-1], params["lstm"])
-    e = add_boundary_vectors(encode_tokens(params, TINY, jnp.asarray(batch_to_ids([tokens]))), jnp.array([5]),
-                             *marker_vectors(params, TINY))
+    e = add_boundary_vectors(
+        encode_tokens(params, TINY, jnp.asarray(batch_to_ids([tokens]))), jnp.array([5]), *marker_vectors(params, TINY)
+    )
     reversed_e = e[:, ::-1]
     mask = jnp.ones((2, 1, 7), bool)
     outs, _ = lstm_stack(swapped, TINY, jnp.stack([reversed_e, reversed_e]), mask)
@@ -107,8 +108,10 @@ def test_gradients_finite_and_match_finite_differences():
         grads = jax.jit(jax.grad(scalar))(params)
         assert all(np.isfinite(np.asarray(g)).all() for g in jax.tree.leaves(grads))
         leaves, treedef = jax.tree.flatten(params)
-        direction = [jax.random.normal(k, l.shape, jnp.float64) for k, l in
-                     zip(jax.random.split(jax.random.key(6), len(leaves)), leaves)]
+        direction = [
+            jax.random.normal(k, l.shape, jnp.float64)
+            for k, l in zip(jax.random.split(jax.random.key(6), len(leaves)), leaves)
+        ]
         direction[0] = direction[0].at[0].set(0.0)  # the padding row is constant
         tangent = jax.tree.unflatten(treedef, direction)
         eps = 1e-6

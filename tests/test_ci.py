@@ -12,8 +12,9 @@ def test_the_fidelity_subset_is_registered_marked_and_run_optimised_in_ci():
     cfg.read(REPO / "setup.cfg", encoding="utf-8")
     markers = cfg["tool:pytest"]["markers"]
     assert re.search(r"^\s*fidelity:", markers, re.MULTILINE), "the fidelity marker is not registered"
-    marked = sum(p.read_text(encoding="utf-8").count("@pytest.mark.fidelity\n")
-                 for p in (REPO / "tests").glob("test_*.py"))
+    marked = sum(
+        p.read_text(encoding="utf-8").count("@pytest.mark.fidelity\n") for p in (REPO / "tests").glob("test_*.py")
+    )
     assert marked >= 25, marked
     ci = (REPO / ".ci" / "run").read_text(encoding="utf-8")
     # The default addopts exclude slow tests with -m; a second -m replaces it, so it keeps that exclusion.

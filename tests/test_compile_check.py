@@ -21,8 +21,23 @@ def test_chips_name_their_source():
 
 def test_roofline_is_the_slower_of_compute_and_memory():
     chip = CHIPS["v5e"]
-    report = ProgramReport("train step", "v5e:2x4", 8, 1, 128, 2560, True, 1e9, 5e8, 1e8, None,
-                           Cost(197e12 * 0.01, 819e9 * 0.02, (), 0), 1.0, 1.0, 1.0)
+    report = ProgramReport(
+        "train step",
+        "v5e:2x4",
+        8,
+        1,
+        128,
+        2560,
+        True,
+        1e9,
+        5e8,
+        1e8,
+        None,
+        Cost(197e12 * 0.01, 819e9 * 0.02, (), 0),
+        1.0,
+        1.0,
+        1.0,
+    )
     assert report.roofline_seconds(chip) == pytest.approx(0.02)
     text = "\n".join(describe(report, chip))
     assert "memory-bound" in text and "128,000 tokens/s per chip" in text
@@ -32,9 +47,24 @@ def test_roofline_is_the_slower_of_compute_and_memory():
 
 @pytest.mark.slow
 def test_compile_local_cpu_reports_estimates(capsys):
-    rc = main(["compile", "--topology", "local", "--vocab-size", "300", "--max-compiles", "0", "--no-embed",
-               "--config", "configs/tiny.py", "--config.batch_size=2", "--config.unroll_steps=3",
-               "--config.model_overrides.dim=16", "--config.model_overrides.projection_dim=8"])
+    rc = main(
+        [
+            "compile",
+            "--topology",
+            "local",
+            "--vocab-size",
+            "300",
+            "--max-compiles",
+            "0",
+            "--no-embed",
+            "--config",
+            "configs/tiny.py",
+            "--config.batch_size=2",
+            "--config.unroll_steps=3",
+            "--config.model_overrides.dim=16",
+            "--config.model_overrides.projection_dim=8",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0, out
     assert "fits: HBM needed" in out and "loops counted per trip" in out and "compile-time estimates" in out
@@ -89,8 +119,9 @@ def test_rows_stay_split_over_devices_in_the_encoder():
 
     from tests.conftest import device_env
 
-    proc = subprocess.run([sys.executable, "-c", SPLIT_ROWS], env=device_env(4), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", SPLIT_ROWS], env=device_env(4), capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "GATHERED_CHAR_IDS 0" in proc.stdout, proc.stdout[-2000:]
 

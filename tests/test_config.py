@@ -6,9 +6,7 @@ import pytest
 from elmo_jax import ConfigError, ElmoConfig, count_params
 
 
-@pytest.mark.parametrize(
-    "name, expected", [("original", 93_600_848), ("medium", 28_027_728), ("small", 13_593_296)]
-)
+@pytest.mark.parametrize("name, expected", [("original", 93_600_848), ("medium", 28_027_728), ("small", 13_593_296)])
 def test_released_preset_parameter_counts(name, expected):
     assert count_params(ElmoConfig.preset(name)) == expected
 
@@ -21,12 +19,22 @@ def test_unknown_preset():
 def test_options_round_trip_released_spelling():
     options = ElmoConfig.preset("original").to_options()
     assert options == {
-        "lstm": {"dim": 4096, "projection_dim": 512, "n_layers": 2, "use_skip_connections": True,
-                 "cell_clip": 3, "proj_clip": 3},
-        "char_cnn": {"embedding": {"dim": 16},
-                     "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]],
-                     "n_highway": 2, "n_characters": 262, "max_characters_per_token": 50,
-                     "activation": "relu"},
+        "lstm": {
+            "dim": 4096,
+            "projection_dim": 512,
+            "n_layers": 2,
+            "use_skip_connections": True,
+            "cell_clip": 3,
+            "proj_clip": 3,
+        },
+        "char_cnn": {
+            "embedding": {"dim": 16},
+            "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]],
+            "n_highway": 2,
+            "n_characters": 262,
+            "max_characters_per_token": 50,
+            "activation": "relu",
+        },
     }
     assert ElmoConfig.from_options(json.loads(json.dumps(options))) == ElmoConfig.preset("original")
 

@@ -65,8 +65,7 @@ def test_resolution_cwd_first_then_repo(tmp_path, monkeypatch):
     # A file of the same name in the cwd wins.
     (tmp_path / "configs").mkdir()
     (tmp_path / "configs" / "tiny.py").write_text(
-        "from elmo_jax.train.config_loader import TrainConfig\n"
-        "def get_config():\n    return TrainConfig(seed=7)\n"
+        "from elmo_jax.train.config_loader import TrainConfig\ndef get_config():\n    return TrainConfig(seed=7)\n"
     )
     assert load_config("configs/tiny.py").seed == 7
     cfg, rest = parse_config_args([])
@@ -111,8 +110,9 @@ def test_get_config_may_return_a_dict(tmp_path):
     cfg = load_config(p)
     assert cfg.batch_size == 8 and cfg.epochs == 1
     p.write_text("def get_config():\n    return {'batchsize': 8}\n")
-    with pytest.raises(ConfigError,
-                       match=r"unknown config key 'batchsize' \(did you mean 'batch_size'\?\); valid keys: model"):
+    with pytest.raises(
+        ConfigError, match=r"unknown config key 'batchsize' \(did you mean 'batch_size'\?\); valid keys: model"
+    ):
         load_config(p)
     p.write_text("def get_config():\n    return 3\n")
     with pytest.raises(ConfigError, match="expected a TrainConfig"):
@@ -139,8 +139,10 @@ def test_invalid_values_in_a_file_name_the_file(tmp_path):
         ({"parallel": "tpu"}, "parallel 'tpu' is not supported"),
         ({"model": "huge"}, "model 'huge' is not a preset; choose one of"),
         ({"model_overrides": {"dim": 0}}, "lstm.dim must be positive"),
-        ({"model_overrides": {"max_characters_per_token": 2, "filters": [[1, 4]]}},
-         "max_characters_per_token must be >= 3, got 2"),
+        (
+            {"model_overrides": {"max_characters_per_token": 2, "filters": [[1, 4]]}},
+            "max_characters_per_token must be >= 3, got 2",
+        ),
         ({"model_overrides": {"bogus": 1}}, "unknown ElmoConfig field"),
         ({"batch_size": 0}, "batch_size must be >= 1"),
         ({"dropout": 1.0}, r"dropout must be in \[0, 1\)"),
@@ -156,7 +158,10 @@ def test_invalid_values_in_a_file_name_the_file(tmp_path):
         # A whole model_overrides dict (a config file, or a literal) is typed like the dotted form.
         ({"model_overrides": {"dim": True}}, r"model_overrides.dim must be int, got bool"),
         ({"model_overrides": {"dim": 64.0}}, r"model_overrides.dim must be int, got float"),
-        ({"model_overrides": {"filters": [[1, 4], [2]]}}, r"filters must be a list of \[width, count\] integer pairs, found \[2\]"),
+        (
+            {"model_overrides": {"filters": [[1, 4], [2]]}},
+            r"filters must be a list of \[width, count\] integer pairs, found \[2\]",
+        ),
     ],
 )
 def test_validation_messages(changes, message):
@@ -217,12 +222,21 @@ def test_bool_overrides(text, value):
 def test_nested_model_overrides():
     cfg = apply_overrides(
         TrainConfig(model_overrides={"n_layers": 1}),
-        ["model_overrides.dim=64", "model_overrides.projection_dim=16", "model_overrides.cell_clip=none",
-         "model_overrides.filters=[[1, 8], [2, 8]]", "model_overrides.activation=tanh"],
+        [
+            "model_overrides.dim=64",
+            "model_overrides.projection_dim=16",
+            "model_overrides.cell_clip=none",
+            "model_overrides.filters=[[1, 8], [2, 8]]",
+            "model_overrides.activation=tanh",
+        ],
     )
     assert cfg.model_overrides == {
-        "n_layers": 1, "dim": 64, "projection_dim": 16, "cell_clip": None,
-        "filters": ((1, 8), (2, 8)), "activation": "tanh",
+        "n_layers": 1,
+        "dim": 64,
+        "projection_dim": 16,
+        "cell_clip": None,
+        "filters": ((1, 8), (2, 8)),
+        "activation": "tanh",
     }
     e = cfg.elmo_config()
     assert (e.lstm.dim, e.lstm.projection_dim, e.lstm.n_layers, e.lstm.cell_clip) == (64, 16, 1, None)
@@ -288,12 +302,17 @@ def test_parse_config_args_both_forms_and_remaining_argv():
     cfg, rest = parse_config_args(
         [
             "train",
-            "--config", str(REPO / "configs" / "small.py"),
+            "--config",
+            str(REPO / "configs" / "small.py"),
             "--config.batch_size_per_device=4",
-            "--config.learning_rate", "0.05",
-            "--workdir", "/tmp/run",
-            "--config.model_overrides.dim", "256",
-            "--config.seed", "11",
+            "--config.learning_rate",
+            "0.05",
+            "--workdir",
+            "/tmp/run",
+            "--config.model_overrides.dim",
+            "256",
+            "--config.seed",
+            "11",
             "--",
             "--config.epochs=1",
         ]
@@ -306,9 +325,7 @@ def test_parse_config_args_both_forms_and_remaining_argv():
 
 
 def test_parse_config_args_equals_form_of_path_and_later_overrides_win():
-    cfg, rest = parse_config_args(
-        ["--config=configs/original.py", "--config.epochs=2", "--config.epochs=3"]
-    )
+    cfg, rest = parse_config_args(["--config=configs/original.py", "--config.epochs=2", "--config.epochs=3"])
     assert cfg.model == "original" and cfg.epochs == 3 and rest == []
 
 

@@ -72,8 +72,13 @@ SCRIPT = textwrap.dedent(
 
 
 def _run(num_negatives: int) -> dict:
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(num_negatives)], env=device_env(4), capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(num_negatives)],
+        env=device_env(4),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

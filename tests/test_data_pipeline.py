@@ -27,10 +27,16 @@ from test_train import MICRO, REPO, _corpus as _train_corpus, _losses
 BEFORE = [
     (dict(batch_size=3, unroll_steps=5, seed=4, num_epochs=2), 184, "af32d6ef4dedab8a87d564407930b23e"),
     (dict(batch_size=2, unroll_steps=7, shuffle=False, num_epochs=1), 99, "5b8336ab0ea88e4a7a7ce6229980412e"),
-    (dict(batch_size=4, unroll_steps=4, seed=9, num_epochs=2, process_index=1, process_count=2), 91,
-     "661dace349c2d84f2cc24acdfc9571d5"),
-    (dict(batch_size=5, unroll_steps=30, seed=1, num_epochs=1, max_characters_per_token=12), 10,
-     "4aa43efe1d75b4e8d122e5f39220d298"),
+    (
+        dict(batch_size=4, unroll_steps=4, seed=9, num_epochs=2, process_index=1, process_count=2),
+        91,
+        "661dace349c2d84f2cc24acdfc9571d5",
+    ),
+    (
+        dict(batch_size=5, unroll_steps=30, seed=1, num_epochs=1, max_characters_per_token=12),
+        10,
+        "4aa43efe1d75b4e8d122e5f39220d298",
+    ),
 ]
 
 
@@ -182,10 +188,17 @@ def test_kill_9_with_workers_then_sigterm_resume_exactly_and_leave_no_process(tm
     from elmo_jax.train.loop import train
 
     steps = 8
-    args = [*(f"--config.model_overrides.{k}={json.dumps(v).replace(' ', '')}" for k, v in MICRO.items()),
-            f"--config.data={_train_corpus(tmp_path, n=200)}", f"--config.data_dir={tmp_path / 'tfds'}",
-            "--config.batch_size=4", "--config.unroll_steps=5", "--config.num_negatives=4",
-            "--config.epochs=1000", "--config.checkpoint_every=1", "--config.log_every=1"]
+    args = [
+        *(f"--config.model_overrides.{k}={json.dumps(v).replace(' ', '')}" for k, v in MICRO.items()),
+        f"--config.data={_train_corpus(tmp_path, n=200)}",
+        f"--config.data_dir={tmp_path / 'tfds'}",
+        "--config.batch_size=4",
+        "--config.unroll_steps=5",
+        "--config.num_negatives=4",
+        "--config.epochs=1000",
+        "--config.checkpoint_every=1",
+        "--config.log_every=1",
+    ]
     cfg, rest = parse_config_args(args + [f"--config.max_steps={steps}", "--config.data_workers=0"])
     assert not rest
     train(cfg, str(tmp_path / "reference"), progress=False)
@@ -193,11 +206,19 @@ def test_kill_9_with_workers_then_sigterm_resume_exactly_and_leave_no_process(tm
     assert sorted(reference) == list(range(1, steps + 1))
 
     workdir = tmp_path / "run"
-    cmd = [sys.executable, str(REPO / "train.py"), "--workdir", str(workdir), "--no-progress", *args,
-           "--config.max_steps=none"]
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "--workdir",
+        str(workdir),
+        "--no-progress",
+        *args,
+        "--config.max_steps=none",
+    ]
     kill_at = random.Random().randrange(2, steps - 2)
-    first = subprocess.Popen(cmd + ["--config.data_workers=2"], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
+    first = subprocess.Popen(
+        cmd + ["--config.data_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     _wait_for_train_lines(first, workdir, kill_at)
     deadline = time.monotonic() + 60  # at least one finished checkpoint to resume from
     while not any(p.name.isdigit() for p in (workdir / "checkpoints").glob("*")) and time.monotonic() < deadline:
@@ -208,8 +229,9 @@ def test_kill_9_with_workers_then_sigterm_resume_exactly_and_leave_no_process(tm
     first.communicate(timeout=30)
     _assert_all_exit(workers, "a killed trainer")
 
-    second = subprocess.Popen(cmd + ["--config.data_workers=1"], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
+    second = subprocess.Popen(
+        cmd + ["--config.data_workers=1"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
     _wait_for_train_lines(second, workdir, steps)
     workers = _descendants(second.pid)
     assert workers
@@ -267,7 +289,7 @@ def test_records_of_the_writers_layout_and_other_encodings_of_it_read_the_same()
         assert example_text(record) == text
     text = b"five!"
     record = text_example(text)
-    padded = record[:-len(text) - 1] + bytes([0x80 | len(text), 0x00]) + text  # BytesList.value length in 2 bytes
+    padded = record[: -len(text) - 1] + bytes([0x80 | len(text), 0x00]) + text  # BytesList.value length in 2 bytes
     bigger = bytearray(padded)
     for i in (1, 3, 11, 13):  # every enclosing length grows by the one extra byte
         bigger[i] += 1

@@ -150,8 +150,10 @@ def test_interrupted_write_leaves_nothing_under_the_output_name(tmp_path, elmo):
 def test_cli_bfloat16_embeds_within_tolerance(tmp_path, model_dir, elmo):
     src = _write(tmp_path / "in.txt", LINES[:2])
     out = tmp_path / "bf16.hdf5"
-    assert main(["embed", str(src), str(out), "--top", "--model", str(model_dir), "--dtype", "bfloat16",
-                 "--no-progress"]) == 0
+    assert (
+        main(["embed", str(src), str(out), "--top", "--model", str(model_dir), "--dtype", "bfloat16", "--no-progress"])
+        == 0
+    )
     expected = elmo.embed(LINES[:2], layers="top")
     with h5py.File(out, "r") as f:
         for i, e in enumerate(expected):
@@ -177,8 +179,20 @@ def test_sigterm_during_a_command_is_one_line_and_143(tmp_path, monkeypatch, cap
 
     monkeypatch.setattr(Elmo, "random", staticmethod(load))
     before = signal.getsignal(signal.SIGTERM)
-    assert cli.main(["embed", str(tmp_path / "in.txt"), str(tmp_path / "out.hdf5"), "--top", "--preset", "tiny",
-                     "--no-progress"]) == 143
+    assert (
+        cli.main(
+            [
+                "embed",
+                str(tmp_path / "in.txt"),
+                str(tmp_path / "out.hdf5"),
+                "--top",
+                "--preset",
+                "tiny",
+                "--no-progress",
+            ]
+        )
+        == 143
+    )
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["elmo-jax embed: stopped by SIGTERM"]
     assert signal.getsignal(signal.SIGTERM) is before

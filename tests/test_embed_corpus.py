@@ -98,8 +98,9 @@ def test_every_layout_reads_back_as_embed_gives(elmo, tmp_path, layout, layers):
             emb[40]
     if layout == "allennlp":  # still the layout other tools read
         with h5py.File(tmp_path / "out.hdf5", "r") as f:
-            assert json.loads(f["sentence_to_index"][0])[lines[3]] in {str(i) for i, s in enumerate(lines)
-                                                                        if s == lines[3]}
+            assert json.loads(f["sentence_to_index"][0])[lines[3]] in {
+                str(i) for i, s in enumerate(lines) if s == lines[3]
+            }
 
 
 @pytest.mark.parametrize("layout", ["packed", "allennlp"])
@@ -162,16 +163,20 @@ def _partial_run(elmo, src, out, monkeypatch, **kw):
             _embed(elmo, src, out, **kw)
 
 
-def test_changed_input_model_or_options_are_refused_and_restart_starts_over(elmo, src, tmp_path, reference,
-                                                                             monkeypatch):
+def test_changed_input_model_or_options_are_refused_and_restart_starts_over(
+    elmo, src, tmp_path, reference, monkeypatch
+):
     out = tmp_path / "out.hdf5"
     changed = tmp_path / "in.txt"
     changed.write_bytes(src.read_bytes())
     _partial_run(elmo, changed, out, monkeypatch)
     with open(changed, "a", encoding="utf-8") as f:
         f.write("one more line\n")
-    with pytest.raises(Exception, match=r"does not match this one: the input file changed: .*in.txt now has 97 lines"
-                                        r".*the partial run read 96 lines.*nothing was mixed.*--restart"):
+    with pytest.raises(
+        Exception,
+        match=r"does not match this one: the input file changed: .*in.txt now has 97 lines"
+        r".*the partial run read 96 lines.*nothing was mixed.*--restart",
+    ):
         _embed(elmo, changed, out)
     changed.write_bytes(src.read_bytes())
     with pytest.raises(Exception, match="the model changed"):
@@ -220,7 +225,9 @@ def test_overwrite_never_replaces_a_models_or_a_runs_files(model_dir, tmp_path, 
 
 
 def _env(devices: int = 1) -> dict:
-    env = device_env(devices, PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or "")
+    env = device_env(
+        devices, PYTHONUNBUFFERED="1", JAX_COMPILATION_CACHE_DIR=jax.config.jax_compilation_cache_dir or ""
+    )
     for k in ("JAX_COORDINATOR_ADDRESS", "JAX_NUM_PROCESSES", "JAX_PROCESS_ID"):
         env.pop(k, None)
     if not env["JAX_COMPILATION_CACHE_DIR"]:
@@ -258,12 +265,17 @@ _CLI = textwrap.dedent("""
 
 
 def _cli_process(where: str, at: int, args: list[str], **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-c", _CLI, where, str(at), *args], env=_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-c", _CLI, where, str(at), *args],
+        env=_env(),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        **kw,
+    )
 
 
-@pytest.mark.parametrize("where", ["random", "mid_group",
-                                   pytest.param("before_progress", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("where", ["random", "mid_group", pytest.param("before_progress", marks=pytest.mark.slow)])
 def test_kill_9_then_the_same_command_finishes_bit_for_bit(model_dir, elmo, src, tmp_path, reference, where):
     out = tmp_path / "out.hdf5"
     args = ["embed", str(src), str(out), "--top", "--format", "packed", "--model", str(model_dir), *GROUP]
@@ -305,8 +317,16 @@ def _job(args: list[str], n: int = 2, kill: dict | None = None) -> list[subproce
     procs = []
     for i in range(n):
         where, at = (kill or {}).get(i, ("none", 0))
-        dist = ["--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i),
-                "--heartbeat-timeout", "10"]
+        dist = [
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--num-processes",
+            str(n),
+            "--process-id",
+            str(i),
+            "--heartbeat-timeout",
+            "10",
+        ]
         procs.append(_cli_process(where, at, args + dist))
     return procs
 

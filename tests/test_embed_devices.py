@@ -148,8 +148,13 @@ TASK = textwrap.dedent(
 
 
 def _run(script: str, devices: int) -> dict:
-    proc = subprocess.run([sys.executable, "-c", script, str(devices)], env=device_env(devices), capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", script, str(devices)],
+        env=device_env(devices),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -176,8 +181,11 @@ def test_every_device_gives_one_devices_results(devices):
     assert out["cli_rc"] == [0, 0, 0] and out["cli_diff"] <= 1e-6, out
     assert [f"on {k} device(s)" in said for k, said in zip((devices, 1, 2), out["cli_said"].values())] == [True] * 3
     assert out["cli_bad_rc"] == [2, 2, 2, 2] and out["cli_bad_left"] == [], (out["cli_errors"], out["cli_bad_left"])
-    assert f"--devices {devices + 1}: this process has {devices} local cpu device(s); give 1..{devices}, or all" \
-        in out["cli_errors"] and f"no local device has id {devices}" in out["cli_errors"]
+    assert (
+        f"--devices {devices + 1}: this process has {devices} local cpu device(s); give 1..{devices}, or all"
+        in out["cli_errors"]
+        and f"no local device has id {devices}" in out["cli_errors"]
+    )
     assert "--devices 'two': give 'all'" in out["cli_errors"]
     assert "--devices id:1,1: a device id is listed twice" in out["cli_errors"]
 

@@ -137,7 +137,18 @@ def test_load_errors_name_the_problem(tmp_path):
 
 def test_bucket_ladder():
     # The scan length (time + 2 markers) climbs 8, 12, 16, 24, 32, 48, 64, ...
-    assert [scan_length_bucket(n) for n in (1, 8, 9, 12, 13, 17, 25, 33, 49, 65)] == [8, 8, 12, 12, 16, 24, 32, 48, 64, 96]
+    assert [scan_length_bucket(n) for n in (1, 8, 9, 12, 13, 17, 25, 33, 49, 65)] == [
+        8,
+        8,
+        12,
+        12,
+        16,
+        24,
+        32,
+        48,
+        64,
+        96,
+    ]
     assert time_buckets(60) == [6, 10, 14, 22, 30, 46, 62]
     assert time_bucket(1) == 6 and time_bucket(6) == 6 and time_bucket(7) == 10 and time_bucket(62) == 62
     for n in range(1, 300):  # padding never more than a third of the scan

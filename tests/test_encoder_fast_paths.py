@@ -73,7 +73,9 @@ def test_chunked_char_cnn_equals_one_pass(monkeypatch, request, source):
     else:
         cfg, params = TINY, init_params(jax.random.key(0), TINY)
     ids = _ids(5, 7, cfg.char_cnn.max_characters_per_token)  # 35 tokens: chunks of 4 + a padded one
-    chunked, whole = _chunked_and_whole(monkeypatch, lambda: jax.jit(lambda p, i: encode_tokens(p, cfg, i))(params, ids), 4)
+    chunked, whole = _chunked_and_whole(
+        monkeypatch, lambda: jax.jit(lambda p, i: encode_tokens(p, cfg, i))(params, ids), 4
+    )
     assert chunked.shape == whole.shape == (5, 7, cfg.projection_dim)
     assert _rel(chunked, whole) <= 1e-5
     # Whole ELMo layers too (the markers go through the same chunks).
@@ -85,6 +87,7 @@ def test_chunked_char_cnn_gradients_equal_one_pass(monkeypatch):
     params = init_params(jax.random.key(1), TINY)
     ids = _ids(4, 6, TINY.char_cnn.max_characters_per_token, seed=1)
     w = jax.random.normal(jax.random.key(2), (4, 6, TINY.projection_dim))
+
     def grad():
         return jax.jit(jax.grad(lambda p: jnp.sum(encode_tokens(p, TINY, ids) * w)))(params)
 
@@ -144,8 +147,10 @@ def test_trimmed_chars_equal_all_chars(monkeypatch, request, source, longest):
     ids = jnp.asarray(batch_to_ids(sents, n_chars))
     widest = max(w for w, _ in cfg.char_cnn.filters)
     # A word of n bytes needs n + 2 (its begin/end chars) + widest chars.
-    expected = {4: {1: 12, 6: 12, 9: 16, 13: 20, 17: 24, 30: n_chars},   # tiny
-                5: {1: 12, 6: 16, 9: 16, 13: 20, 17: 24, 30: n_chars}}[widest]  # the bilm-tf fixture
+    expected = {
+        4: {1: 12, 6: 12, 9: 16, 13: 20, 17: 24, 30: n_chars},  # tiny
+        5: {1: 12, 6: 16, 9: 16, 13: 20, 17: 24, 30: n_chars},
+    }[widest]  # the bilm-tf fixture
     assert _level_taken(cfg, ids) == expected[longest]
     trimmed, full = _trimmed_and_full(monkeypatch, lambda: jax.jit(lambda p, i: encode_tokens(p, cfg, i))(params, ids))
     assert trimmed.shape == full.shape
@@ -172,8 +177,10 @@ def test_length_sorted_chunks_equal_one_full_pass(monkeypatch, request, source):
     else:
         cfg, params = TINY, init_params(jax.random.key(8), TINY)
     rng = np.random.default_rng(8)
-    sents = [["y" * int(n) for n in rng.choice([1, 2, 3, 5, 8, 11, 14, 18, 25, 40], size=int(k))]
-             for k in rng.integers(1, 9, size=6)]
+    sents = [
+        ["y" * int(n) for n in rng.choice([1, 2, 3, 5, 8, 11, 14, 18, 25, 40], size=int(k))]
+        for k in rng.integers(1, 9, size=6)
+    ]
     ids = jnp.asarray(batch_to_ids(sents, cfg.char_cnn.max_characters_per_token))
     w = jax.random.normal(jax.random.key(9), ids.shape[:-1] + (cfg.projection_dim,))
     monkeypatch.setattr(encoder, "CNN_CHUNK_TOKENS", 4)

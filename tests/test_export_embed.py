@@ -15,9 +15,21 @@ from elmo_jax.model.bilm import bilm
 from elmo_jax.formats.hdf5 import WeightFileError
 from tests.conftest import assert_close_across_programs
 
-MICRO = {"dim": 16, "projection_dim": 8, "embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]],
-         "n_highway": 1, "max_characters_per_token": 12}
-SENTENCES = ["the bank of the river", "she went to the bank", "银行 取钱", "a", "money money money money to the river bank"]
+MICRO = {
+    "dim": 16,
+    "projection_dim": 8,
+    "embedding_dim": 4,
+    "filters": [[1, 8], [2, 8], [3, 16]],
+    "n_highway": 1,
+    "max_characters_per_token": 12,
+}
+SENTENCES = [
+    "the bank of the river",
+    "she went to the bank",
+    "银行 取钱",
+    "a",
+    "money money money money to the river bank",
+]
 
 
 @pytest.mark.fidelity
@@ -29,10 +41,23 @@ def test_export_load_embed_equals_checkpoint_forward(tmp_path):
     rng = np.random.default_rng(0)
     words = ["the", "bank", "river", "money", "she", "went", "to", "a", "of", "银行", "取钱"]
     (tmp_path / "train.txt").write_text(
-        "\n".join(" ".join(rng.choice(words, size=rng.integers(1, 8))) for _ in range(40)) + "\n", encoding="utf-8")
-    cfg = TrainConfig(model="tiny", model_overrides=MICRO, data=str(tmp_path / "train.txt"), heldout=None,
-                      batch_size=4, unroll_steps=5, num_negatives=4, epochs=1, max_steps=3, log_every=1,
-                      checkpoint_every=3, dropout=0.1, data_dir=str(tmp_path / "tfds"))
+        "\n".join(" ".join(rng.choice(words, size=rng.integers(1, 8))) for _ in range(40)) + "\n", encoding="utf-8"
+    )
+    cfg = TrainConfig(
+        model="tiny",
+        model_overrides=MICRO,
+        data=str(tmp_path / "train.txt"),
+        heldout=None,
+        batch_size=4,
+        unroll_steps=5,
+        num_negatives=4,
+        epochs=1,
+        max_steps=3,
+        log_every=1,
+        checkpoint_every=3,
+        dropout=0.1,
+        data_dir=str(tmp_path / "tfds"),
+    )
     train(cfg, str(tmp_path / "run"), progress=False)
     # Checkpoints written before the global batch was recorded still export.
     import json

@@ -24,8 +24,14 @@ from elmo_jax.formats.hdf5 import WeightFileError, datasets_to_params, expected_
 from tests.conftest import REPO, unmount
 
 # A model that compiles in a second or two; 16 chars per token, so at most 14 bytes of a word.
-MICRO = {"dim": 16, "projection_dim": 8, "embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]],
-         "n_highway": 1, "max_characters_per_token": 16}
+MICRO = {
+    "dim": 16,
+    "projection_dim": 8,
+    "embedding_dim": 4,
+    "filters": [[1, 8], [2, 8], [3, 16]],
+    "n_highway": 1,
+    "max_characters_per_token": 16,
+}
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +63,7 @@ def _snapshot(folder):
 # 1. Nothing is ever written over an input of the same command, whatever the flags.
 # ==========================================================================================
 
+
 @pytest.mark.parametrize("spelling", ["same path", "./x and x", "symlink", "hard link"])
 def test_embed_never_writes_over_its_input(tmp_path, model_dir, capsys, monkeypatch, spelling):
     """`elmo-jax embed X X --overwrite` (however X is spelled) refuses and leaves X as it was."""
@@ -80,8 +87,21 @@ def test_embed_never_writes_over_the_model_it_reads(tmp_path, model_dir, capsys,
     """`elmo-jax embed in.txt MODEL/weights.hdf5 --model MODEL --overwrite` refuses; the model still loads."""
     src = _text(tmp_path / "in.txt")
     before = _snapshot(model_dir)
-    assert main(["embed", str(src), str(model_dir / name), "--top", "--overwrite", "--model", str(model_dir),
-                 "--no-progress"]) == 2
+    assert (
+        main(
+            [
+                "embed",
+                str(src),
+                str(model_dir / name),
+                "--top",
+                "--overwrite",
+                "--model",
+                str(model_dir),
+                "--no-progress",
+            ]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert f"is the model's {'weight' if name.startswith('weights') else 'options'} file" in err
     assert _snapshot(model_dir) == before
@@ -101,6 +121,7 @@ def test_token_cache_never_replaces_the_model_files(model_dir):
 # 2-5. Training under faults: a diverging loss, two runs on one workdir, a damaged newest
 #      checkpoint, a full disk during a checkpoint; and failed starts leave nothing behind.
 # ==========================================================================================
+
 
 def _train_cfg(tmp_path, **kw):
     from tests.test_train import _cfg
@@ -151,8 +172,11 @@ def test_a_finite_loss_of_1e6_stops_the_run_and_names_the_step(tmp_path, monkeyp
 
     monkeypatch.setattr(loop, "make_loss_fn", exploded)
     cfg = _train_cfg(tmp_path, num_negatives=64)  # the full softmax here: the log line has a perplexity
-    with pytest.raises(TrainingError, match=r"the loss became 1000\d{3}(\.\d+)? at step 1 \(far above 18\.1 "
-                                            r".*no good checkpoint was written"):
+    with pytest.raises(
+        TrainingError,
+        match=r"the loss became 1000\d{3}(\.\d+)? at step 1 \(far above 18\.1 "
+        r".*no good checkpoint was written",
+    ):
         loop.train(cfg, str(tmp_path / "run"), progress=False)
     assert not (tmp_path / "run" / "checkpoints").exists()  # nothing saved (and no empty folder left)
 
@@ -170,8 +194,7 @@ def test_a_heldout_loss_too_large_for_exp_is_an_infinite_perplexity():
 
     config = ElmoConfig.preset("tiny").replace(**MICRO)
     vocab = Vocabulary(["<S>", "</S>", "<UNK>", "a", "b", "c"])
-    out = evaluate({}, config, InMemorySource(["a b c", "b c a a"]), vocab, batch_size=2, unroll_steps=4,
-                   eval_fn=huge)
+    out = evaluate({}, config, InMemorySource(["a b c", "b c a a"]), vocab, batch_size=2, unroll_steps=4, eval_fn=huge)
     assert out["perplexity"] == out["fwd_perplexity"] == float("inf")
     assert out["bwd_perplexity"] == pytest.approx(np.exp(2.0))
     assert perplexity(1e6) == float("inf") and perplexity(1.0) == pytest.approx(np.e)
@@ -188,13 +211,24 @@ def test_a_second_run_on_a_busy_workdir_is_refused_naming_the_holder(reference_r
 
     cfg, work = _copy_run(reference_run, tmp_path, max_steps=3)
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time\nfrom elmo_jax.train.workdir import hold_workdir\n"
-         "with hold_workdir(sys.argv[1], True):\n    print('held', flush=True); time.sleep(120)", str(work)],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\nfrom elmo_jax.train.workdir import hold_workdir\n"
+            "with hold_workdir(sys.argv[1], True):\n    print('held', flush=True); time.sleep(120)",
+            str(work),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
-        with pytest.raises(WorkdirBusyError, match=rf"in use by another training run: pid {holder.pid} on host "
-                                                   rf"{socket.gethostname()}"):
+        with pytest.raises(
+            WorkdirBusyError,
+            match=rf"in use by another training run: pid {holder.pid} on host "
+            rf"{socket.gethostname()}",
+        ):
             train(cfg, str(work), progress=False)
         assert export(work, tmp_path / "exported")["step"] == 3  # readers are not blocked
     finally:
@@ -211,11 +245,22 @@ def test_two_real_training_processes_on_one_workdir(tmp_path):
     from tests.test_train import _corpus
 
     work = tmp_path / "run"
-    args = [sys.executable, str(REPO / "train.py"), "--workdir", str(work), "--no-progress",
-            "--config.model_overrides.dim=16", "--config.model_overrides.projection_dim=8",
-            "--config.model_overrides.filters=[[1,8],[2,8]]", f"--config.data={_corpus(tmp_path, n=400)}",
-            f"--config.data_dir={tmp_path / 'tfds'}", "--config.batch_size=4", "--config.unroll_steps=5",
-            "--config.epochs=1000", "--config.log_every=1"]
+    args = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "--workdir",
+        str(work),
+        "--no-progress",
+        "--config.model_overrides.dim=16",
+        "--config.model_overrides.projection_dim=8",
+        "--config.model_overrides.filters=[[1,8],[2,8]]",
+        f"--config.data={_corpus(tmp_path, n=400)}",
+        f"--config.data_dir={tmp_path / 'tfds'}",
+        "--config.batch_size=4",
+        "--config.unroll_steps=5",
+        "--config.epochs=1000",
+        "--config.log_every=1",
+    ]
     first = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         for line in first.stdout:  # until it trains
@@ -261,7 +306,8 @@ def test_a_damaged_newest_checkpoint_is_skipped_moved_aside_and_resume_is_exact(
     assert len(skipped) == 1 and "checkpoints/6: it is damaged" in skipped[0] and "checkpoints-damaged/6" in skipped[0]
     assert (work / "checkpoints-damaged" / "6" / "state").is_dir()  # moved aside, never deleted
     assert [_train_losses(work)[s] for s in (4, 5, 6)] == pytest.approx(
-        [reference_run[2][s] for s in (4, 5, 6)], abs=1e-6)
+        [reference_run[2][s] for s in (4, 5, 6)], abs=1e-6
+    )
 
 
 def test_export_and_eval_name_a_damaged_checkpoint_as_damaged(reference_run, tmp_path, capsys):
@@ -281,8 +327,13 @@ def test_export_of_a_damaged_checkpoint_prints_its_one_line_and_nothing_else(ref
     failed reads (tensorstore's reads that finish after orbax closed its loop) around the line."""
     cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
     _truncate_data_files(work / "checkpoints" / "6", keep=0.5)
-    out = subprocess.run([sys.executable, "-m", "elmo_jax.cli", "export", str(work), str(tmp_path / "out")],
-                         capture_output=True, text=True, cwd=REPO, timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-m", "elmo_jax.cli", "export", str(work), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=600,
+    )
     assert out.returncode == 2
     assert len(out.stderr.splitlines()) == 1 and "checkpoints/6 is damaged" in out.stderr, out.stderr
 
@@ -290,8 +341,10 @@ def test_export_of_a_damaged_checkpoint_prints_its_one_line_and_nothing_else(ref
 def test_a_step_that_does_not_exist_is_named_missing_with_the_steps_there(reference_run, tmp_path, capsys):
     """`--step 5` where only 3 and 6 exist: not "damaged", the steps to pick from."""
     cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
-    for argv in (["export", str(work), str(tmp_path / "out"), "--step", "5"],
-                 ["eval", str(work), "--data", cfg.data, "--step", "5"]):
+    for argv in (
+        ["export", str(work), str(tmp_path / "out"), "--step", "5"],
+        ["eval", str(work), "--data", cfg.data, "--step", "5"],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "there is no checkpoint of step 5" in err and "the steps there are 3, 6" in err, err
@@ -330,8 +383,10 @@ def test_a_checkpoint_holding_nan_is_refused_by_export_naming_the_weight(referen
         with ocp.StandardCheckpointer() as reader:  # the arrays with their recorded shapes
             tree = reader.metadata(state_dir)
             tree = getattr(tree, "item_metadata", tree)
-            state = reader.restore(state_dir, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree,
-                                                           is_leaf=lambda x: hasattr(x, "shape")))
+            state = reader.restore(
+                state_dir,
+                jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree, is_leaf=lambda x: hasattr(x, "shape")),
+            )
         state = jax.tree.map(np.array, state)
         state[0]["params"]["bilm"]["lstm"][0]["b"][0, 1] = np.nan
         ckpts.save(7, state, {**ckpts.read_meta(6), "step": 7})
@@ -339,7 +394,9 @@ def test_a_checkpoint_holding_nan_is_refused_by_export_naming_the_weight(referen
         ckpts.close()
     assert main(["export", str(work), str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert f"checkpoint {work / 'checkpoints' / '7'}: weight 'RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/B' holds 1 NaN" in err
+    assert (
+        f"checkpoint {work / 'checkpoints' / '7'}: weight 'RNN_0/RNN/MultiRNNCell/Cell0/LSTMCell/B' holds 1 NaN" in err
+    )
     assert not (tmp_path / "out").exists()
 
 
@@ -399,8 +456,9 @@ def _fill_disk(monkeypatch):
     monkeypatch.setattr(ocp.CheckpointManager, "save", full)
 
 
-def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_one_resumes(reference_run, tmp_path,
-                                                                                  monkeypatch, capfd):
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_one_resumes(
+    reference_run, tmp_path, monkeypatch, capfd
+):
     """5. ENOSPC while saving: one line (disk full, the space a checkpoint needs, the intact previous
     checkpoint), no temporary folder left; after space is freed the run resumes exactly."""
     from elmo_jax.train.checkpoints import DiskFullError
@@ -419,7 +477,8 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_the_previous_one_resume
     summary = train(cfg, str(work), progress=False)
     assert summary["start_step"] == 3
     assert [_train_losses(work)[s] for s in (4, 5, 6)] == pytest.approx(
-        [reference_run[2][s] for s in (4, 5, 6)], abs=1e-6)
+        [reference_run[2][s] for s in (4, 5, 6)], abs=1e-6
+    )
 
 
 def test_a_killed_saves_temporary_folder_is_removed_at_the_next_start(reference_run, tmp_path):
@@ -441,15 +500,22 @@ def test_a_real_full_disk_on_a_small_tmpfs(reference_run, tmp_path):
 
     mnt = tmp_path / "small"
     mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)],
-                      capture_output=True).returncode != 0:
-        pytest.skip("needs permission to mount a small tmpfs (root, in a container allowed to mount): run the "
-                    "tests as root to include it; the monkeypatched writer test covers the same logic")
+    if (
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=400k", "tmpfs", str(mnt)], capture_output=True).returncode
+        != 0
+    ):
+        pytest.skip(
+            "needs permission to mount a small tmpfs (root, in a container allowed to mount): run the "
+            "tests as root to include it; the monkeypatched writer test covers the same logic"
+        )
     try:
         cfg, run, _ = reference_run
         shutil.copytree(run, mnt / "run", ignore=shutil.ignore_patterns("tensorboard", "6"))
-        with pytest.raises(DiskFullError, match=r"disk full: checkpoint \d+ could not be written .* the previous "
-                                                r"checkpoint \S+/checkpoints/\d+ is intact"):
+        with pytest.raises(
+            DiskFullError,
+            match=r"disk full: checkpoint \d+ could not be written .* the previous "
+            r"checkpoint \S+/checkpoints/\d+ is intact",
+        ):
             train(cfg.replace(max_steps=60, checkpoint_every=3), str(mnt / "run"), progress=False)
         assert not [p for p in (mnt / "run" / "checkpoints").iterdir() if p.name.endswith("-tmp")]
     finally:
@@ -479,6 +545,7 @@ def test_a_workdir_that_is_a_file_is_named_and_a_failed_start_leaves_no_skeleton
 # ==========================================================================================
 # 6. The examples stop when the user stops them, and clean up after themselves.
 # ==========================================================================================
+
 
 def _finetune_example():
     spec = importlib.util.spec_from_file_location("finetune_heads_faults", REPO / "examples" / "finetune_heads.py")
@@ -513,8 +580,12 @@ def test_finetune_example_stops_when_its_pretraining_was_stopped(private_tmp, mo
 
     def stopped_train(cfg, workdir, **kwargs):  # what train() returns after a stop signal
         os.makedirs(os.path.join(workdir, "checkpoints", "3"))
-        return {"workdir": workdir, "step": 3, "interrupted": "SIGTERM",
-                "checkpoint": os.path.join(workdir, "checkpoints", "3")}
+        return {
+            "workdir": workdir,
+            "step": 3,
+            "interrupted": "SIGTERM",
+            "checkpoint": os.path.join(workdir, "checkpoints", "3"),
+        }
 
     monkeypatch.setattr(loop, "train", stopped_train)
     assert _finetune_example().main(["--quick"]) == 128 + signal.SIGTERM
@@ -566,8 +637,13 @@ def test_preparing_text_leaves_nothing_in_the_temporary_folder(private_tmp, tmp_
 def test_finetune_example_stopped_by_a_real_sigterm(tmp_path):
     """`timeout`/`kill` during pretraining: exit 143, one line, no temporary folder left."""
     env = dict(os.environ, TMPDIR=str(tmp_path), PYTHONPATH=str(REPO))
-    proc = subprocess.Popen([sys.executable, "-u", str(REPO / "examples" / "finetune_heads.py"), "--quick"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-u", str(REPO / "examples" / "finetune_heads.py"), "--quick"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         for line in proc.stdout:
             if line.startswith("training "):  # train() has started its steps
@@ -584,6 +660,7 @@ def test_finetune_example_stopped_by_a_real_sigterm(tmp_path):
 # ==========================================================================================
 # 7. Smaller faults: file modes, damaged files, missing folders, bad arguments.
 # ==========================================================================================
+
 
 @pytest.fixture
 def umask():
@@ -655,13 +732,16 @@ def test_a_file_given_as_workdir_is_named(tmp_path, capsys):
     assert "is a file, not a training workdir" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("bad, named", [
-    (None, "got NoneType"),
-    (7, "got int"),
-    ("one sentence", "wrap a single sentence"),
-    (["ok", ["a", 5]], "sentence 1: .*got int"),
-    (["ok", None], "sentence 1: .*got NoneType"),
-])
+@pytest.mark.parametrize(
+    "bad, named",
+    [
+        (None, "got NoneType"),
+        (7, "got int"),
+        ("one sentence", "wrap a single sentence"),
+        (["ok", ["a", 5]], "sentence 1: .*got int"),
+        (["ok", None], "sentence 1: .*got NoneType"),
+    ],
+)
 def test_embed_names_a_bad_argument(elmo, bad, named):
     """`Elmo.embed(None)`, a bare string, a non-string token: a TypeError that says what to pass."""
     with pytest.raises(TypeError, match=named):
@@ -701,6 +781,7 @@ def test_overlong_token_is_cut_and_said_once(model_dir):
 # Stale or swapped inputs of a resumed run.
 # ==========================================================================================
 
+
 def test_a_resume_refuses_a_swapped_vocabulary_or_a_changed_config(reference_run, tmp_path, capsys):
     """A checkpoint records the SHA-256 of vocab.txt and of the config's fixed fields: a
     reordered vocab.txt, an edited config.json, or (config.json deleted) a changed learning
@@ -719,8 +800,11 @@ def test_a_resume_refuses_a_swapped_vocabulary_or_a_changed_config(reference_run
     words[-1], words[-2] = words[-2], words[-1]  # two ordinary words swapped: same size, same set
     vocab.write_text("\n".join(words) + "\n", encoding="utf-8")
     assert vocab.read_bytes() != original and len(vocab.read_bytes()) == len(original)
-    with pytest.raises(TrainingError, match=r"vocab.txt is not the vocabulary .*checkpoints/3 was trained with"
-                                            r".*restore the run's vocab.txt"):
+    with pytest.raises(
+        TrainingError,
+        match=r"vocab.txt is not the vocabulary .*checkpoints/3 was trained with"
+        r".*restore the run's vocab.txt",
+    ):
         train(cfg, str(work), progress=False, log=quiet)
     for argv in (["export", str(work), str(tmp_path / "out")], ["eval", str(work), "--data", cfg.data]):
         assert main(argv) == 2
@@ -731,12 +815,18 @@ def test_a_resume_refuses_a_swapped_vocabulary_or_a_changed_config(reference_run
     config_path = work / "config.json"
     recorded = json.loads(config_path.read_text(encoding="utf-8"))
     config_path.write_text(json.dumps({**recorded, "learning_rate": 0.5}), encoding="utf-8")
-    with pytest.raises(TrainingError, match=r"config.json was changed after .*checkpoints/3 was written "
-                                            r"\(learning_rate: checkpoint has 0.2, config.json has 0.5\)"):
+    with pytest.raises(
+        TrainingError,
+        match=r"config.json was changed after .*checkpoints/3 was written "
+        r"\(learning_rate: checkpoint has 0.2, config.json has 0.5\)",
+    ):
         train(cfg.replace(learning_rate=0.5), str(work), progress=False, log=quiet)
     config_path.unlink()
-    with pytest.raises(TrainingError, match=r"learning_rate: checkpoint has 0.2, this run has 0.5\); .*config.json, "
-                                            r"which holds the run's config, is missing"):
+    with pytest.raises(
+        TrainingError,
+        match=r"learning_rate: checkpoint has 0.2, this run has 0.5\); .*config.json, "
+        r"which holds the run's config, is missing",
+    ):
         train(cfg.replace(learning_rate=0.5), str(work), progress=False, log=quiet)
 
     summary = train(cfg.replace(max_steps=4), str(work), progress=False, log=quiet)
@@ -764,13 +854,18 @@ def test_a_killed_exports_leftover_is_removed_and_no_export_goes_into_a_run(refe
 
     cfg, work = _copy_run(reference_run, tmp_path, max_steps=6)
     out = tmp_path / "out"
-    killed = subprocess.run([sys.executable, "-c", _KILLED_EXPORT, str(work), str(out)], capture_output=True,
-                            text=True, env={**os.environ, "JAX_PLATFORMS": "cpu"})
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_EXPORT, str(work), str(out)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "JAX_PLATFORMS": "cpu"},
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith("out.tmp")]
     assert len(left) == 1 and not out.exists(), left
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     (tmp_path / f"out.tmp-{dead}").mkdir()  # an earlier version's name
     host = socket.gethostname().replace("_", "-")
     running = tmp_path / f"out.tmp_{host}_{os.getpid()}_abc"  # a running export's: kept

@@ -8,14 +8,28 @@ import optax
 import pytest
 
 from elmo_jax import Elmo, batch_to_ids
-from elmo_jax.finetune import (accuracy, init_tagger, make_train_step, pad_labels, pad_layers, tagger_loss,
-                               train_tagger)
+from elmo_jax.finetune import accuracy, init_tagger, make_train_step, pad_labels, pad_layers, tagger_loss, train_tagger
 from tests.conftest import REPO
 
-SENTS = [["the", "bank", "of", "the", "river"], ["she", "went", "to", "the", "bank"], ["a", "river"],
-         ["she", "went"], ["the", "money"], ["a", "bank", "of", "money"]]
-TAGS = {"the": "DET", "a": "DET", "bank": "NOUN", "river": "NOUN", "money": "NOUN", "of": "ADP",
-        "to": "ADP", "she": "PRON", "went": "VERB"}
+SENTS = [
+    ["the", "bank", "of", "the", "river"],
+    ["she", "went", "to", "the", "bank"],
+    ["a", "river"],
+    ["she", "went"],
+    ["the", "money"],
+    ["a", "bank", "of", "money"],
+]
+TAGS = {
+    "the": "DET",
+    "a": "DET",
+    "bank": "NOUN",
+    "river": "NOUN",
+    "money": "NOUN",
+    "of": "ADP",
+    "to": "ADP",
+    "she": "PRON",
+    "went": "VERB",
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +52,7 @@ def test_on_the_fly_training_updates_only_the_head(elmo, head):
     params = init_tagger(jax.random.key(0), elmo.config, n_classes, head, out_dim=16)
     step = make_train_step(head, optax.adam(5e-2), penalty=1e-3, config=elmo.config, on_the_fly=True)
     ids = batch_to_ids(SENTS, elmo.config.char_cnn.max_characters_per_token)
-    batch = {"char_ids": ids, "lengths": np.array([len(s) for s in SENTS], np.int32), "labels": labels,
-             "mask": mask}
+    batch = {"char_ids": ids, "lengths": np.array([len(s) for s in SENTS], np.int32), "labels": labels, "mask": mask}
     opt_state = optax.adam(5e-2).init(params)
     first = float(tagger_loss(params, layers, labels, mask, head, 1e-3))
     for _ in range(40):
@@ -53,8 +66,11 @@ def test_on_the_fly_training_updates_only_the_head(elmo, head):
     from elmo_jax.finetune import frozen_layers
 
     fly = frozen_layers(elmo.params, elmo.config, batch["char_ids"], batch["lengths"])
-    np.testing.assert_allclose(float(tagger_loss(params, fly, labels, mask, head, 1e-3)),
-                               float(tagger_loss(params, layers, labels, mask, head, 1e-3)), rtol=1e-5)
+    np.testing.assert_allclose(
+        float(tagger_loss(params, fly, labels, mask, head, 1e-3)),
+        float(tagger_loss(params, layers, labels, mask, head, 1e-3)),
+        rtol=1e-5,
+    )
 
 
 def test_gradient_of_the_bilm_is_zero_through_stop_gradient(elmo):
@@ -69,8 +85,7 @@ def test_precomputed_training_with_penalty_improves_accuracy(elmo):
     layers, labels, mask, n_classes = _data(elmo)
     params = init_tagger(jax.random.key(1), elmo.config, n_classes, "mix")
     start = accuracy(params, layers, labels, mask, "mix")
-    result = train_tagger(params, layers, labels, mask, "mix", optax.adam(5e-2), steps=80, batch_size=4,
-                          penalty=1e-3)
+    result = train_tagger(params, layers, labels, mask, "mix", optax.adam(5e-2), steps=80, batch_size=4, penalty=1e-3)
     assert result.losses[-1] < result.losses[0]
     assert accuracy(result.params, layers, labels, mask, "mix") > max(start, 0.8)
     for head in ("layer:0", "layer:2"):
@@ -102,17 +117,23 @@ def test_layer_norm_mix_head_normalises_over_real_tokens_and_trains(elmo):
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
     plain = np.asarray(tagger_logits(params, layers, "mix", mask))[mask]
     assert np.abs(plain - got).max() > 1e-2  # the switch changes the head
-    np.testing.assert_allclose(np.asarray(tagger_logits(params, layers[:, 0], "mix")),  # one sentence
-                               np.asarray(tagger_logits(params, layers, "mix"))[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        np.asarray(tagger_logits(params, layers[:, 0], "mix")),  # one sentence
+        np.asarray(tagger_logits(params, layers, "mix"))[0],
+        rtol=1e-5,
+        atol=1e-6,
+    )
     start = accuracy(params, layers, labels, mask, "mix:layer_norm")
-    result = train_tagger(params, layers, labels, mask, "mix:layer_norm", optax.adam(5e-2), steps=80,
-                          batch_size=4)
+    result = train_tagger(params, layers, labels, mask, "mix:layer_norm", optax.adam(5e-2), steps=80, batch_size=4)
     assert result.losses[-1] < result.losses[0]
     assert accuracy(result.params, layers, labels, mask, "mix:layer_norm") > max(start, 0.8)
     # One default penalty for every entry point: the loss counts it unless told otherwise.
     ce = float(tagger_loss(params, layers, labels, mask, "mix", penalty=0.0))
-    np.testing.assert_allclose(float(tagger_loss(params, layers, labels, mask, "mix")),
-                               ce + DEFAULT_PENALTY * float(np.sum(params["mix"]["scalars"] ** 2)), rtol=1e-6)
+    np.testing.assert_allclose(
+        float(tagger_loss(params, layers, labels, mask, "mix")),
+        ce + DEFAULT_PENALTY * float(np.sum(params["mix"]["scalars"] ** 2)),
+        rtol=1e-6,
+    )
     step = make_train_step("mix", optax.sgd(0.0))
     _, _, loss, _ = step(params, optax.sgd(0.0).init(params), {"layers": layers, "labels": labels, "mask": mask})
     np.testing.assert_allclose(float(loss), float(tagger_loss(params, layers, labels, mask, "mix")), rtol=1e-6)
@@ -125,8 +146,9 @@ def test_bad_tagging_data_and_mismatched_heads_are_named(elmo):
     layers, labels, mask, n_classes = _data(elmo)
     mix = init_tagger(jax.random.key(0), elmo.config, n_classes, "mix")
     classes = sorted(set(TAGS.values()))
-    short = pad_labels([[TAGS[w] for w in s][:-1] for s in SENTS], {c: i for i, c in enumerate(classes)},
-                       layers.shape[2])  # one tag missing per sentence
+    short = pad_labels(
+        [[TAGS[w] for w in s][:-1] for s in SENTS], {c: i for i, c in enumerate(classes)}, layers.shape[2]
+    )  # one tag missing per sentence
     with pytest.raises(ValueError, match="sentence 0: token 4 has no label .*one tag per token"):
         train_tagger(mix, layers, short, mask, "mix", steps=1)
     with pytest.raises(ValueError, match="no label"):
@@ -165,8 +187,19 @@ def test_example_runs_quick(tmp_path, capsys):
     spec = importlib.util.spec_from_file_location("finetune_heads", REPO / "examples" / "finetune_heads.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
-    assert mod.main([str(tmp_path / "model"), "--quick", "--workdir", str(tmp_path / "work"),
-                     "--plots", str(tmp_path / "plots")]) == 0
+    assert (
+        mod.main(
+            [
+                str(tmp_path / "model"),
+                "--quick",
+                "--workdir",
+                str(tmp_path / "work"),
+                "--plots",
+                str(tmp_path / "plots"),
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     for head in ("mix", "components", "layer:0", "layer:1", "layer:2", "majority"):
         assert f"\n{head} " in out

@@ -53,11 +53,11 @@ def test_component_head_concatenates_five_components_times_one_matrix():
     params = component_head_init(jax.random.key(3), TINY)
     assert params["w"].shape == (5 * p, 512)
     x = components(layers)
-    np.testing.assert_array_equal(x[..., :p], layers[0, ..., :p])          # token layer
-    np.testing.assert_array_equal(x[..., p : 2 * p], layers[1, ..., :p])   # forward 1
+    np.testing.assert_array_equal(x[..., :p], layers[0, ..., :p])  # token layer
+    np.testing.assert_array_equal(x[..., p : 2 * p], layers[1, ..., :p])  # forward 1
     np.testing.assert_array_equal(x[..., 2 * p : 3 * p], layers[2, ..., :p])  # forward 2
     np.testing.assert_array_equal(x[..., 3 * p : 4 * p], layers[1, ..., p:])  # backward 1
-    np.testing.assert_array_equal(x[..., 4 * p :], layers[2, ..., p:])     # backward 2
+    np.testing.assert_array_equal(x[..., 4 * p :], layers[2, ..., p:])  # backward 2
     out = component_head(params, layers)
     assert out.shape == (2, 4, 512)
     np.testing.assert_allclose(out, x @ params["w"], atol=1e-5)

@@ -14,7 +14,9 @@ def _scan(n):
     def f(x_BD, w_DD):
         def body(c, _):
             return jnp.tanh(c @ w_DD), None
+
         return jax.lax.scan(body, x_BD, None, length=n)[0]
+
     return f
 
 
@@ -48,8 +50,10 @@ def test_shapes_and_parse():
         parse_hlo("HloModule m\n")
 
 
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                    reason="libtpu is not installed (pip install 'elmo-jax[tpu]'): no compile-only TPU devices")
+@pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="libtpu is not installed (pip install 'elmo-jax[tpu]'): no compile-only TPU devices",
+)
 def test_scan_trip_counts_on_compile_only_tpu():
     from jax.experimental import topologies
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P

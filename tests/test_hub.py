@@ -136,10 +136,22 @@ def _sha(data: bytes) -> str:
 
 # -- models to serve ----------------------------------------------------------------------
 TINY_OPTIONS = {
-    "lstm": {"dim": 16, "projection_dim": 8, "n_layers": 1, "cell_clip": 3, "proj_clip": 3,
-             "use_skip_connections": True},
-    "char_cnn": {"embedding": {"dim": 4}, "filters": [[1, 4], [2, 8]], "n_highway": 1,
-                 "n_characters": 262, "max_characters_per_token": 50, "activation": "relu"},
+    "lstm": {
+        "dim": 16,
+        "projection_dim": 8,
+        "n_layers": 1,
+        "cell_clip": 3,
+        "proj_clip": 3,
+        "use_skip_connections": True,
+    },
+    "char_cnn": {
+        "embedding": {"dim": 4},
+        "filters": [[1, 4], [2, 8]],
+        "n_highway": 1,
+        "n_characters": 262,
+        "max_characters_per_token": 50,
+        "activation": "relu",
+    },
 }
 
 
@@ -161,8 +173,10 @@ def _tiny_model(folder: Path, seed: int) -> dict[str, bytes]:
 @pytest.fixture(scope="module")
 def fixture_model() -> dict[str, bytes]:
     model = require_fixtures() / "model"
-    return {"options.json": (model / "options.json").read_bytes(),
-            "weights.hdf5": (model / "lm_weights.hdf5").read_bytes()}
+    return {
+        "options.json": (model / "options.json").read_bytes(),
+        "weights.hdf5": (model / "lm_weights.hdf5").read_bytes(),
+    }
 
 
 def _serve_released(server, name: str, model: dict[str, bytes], monkeypatch, root: str) -> dict[str, str]:
@@ -183,14 +197,18 @@ def test_names_and_url_forms_map_to_the_expected_files():
     assert dict(src.file_urls) == {"options.json": base + "options.json", "weights.hdf5": base + "weights.hdf5"}
     assert hub.RELEASED_MODELS["original-5.5b"] == "2x4096_512_2048cnn_2xhighway_5.5B"
     assert dict(hub.model_source("medium", "http://mirror/x/").file_urls)["weights.hdf5"] == (
-        "http://mirror/x/2x2048_256_2048cnn_1xhighway/elmo_2x2048_256_2048cnn_1xhighway_weights.hdf5")
+        "http://mirror/x/2x2048_256_2048cnn_1xhighway/elmo_2x2048_256_2048cnn_1xhighway_weights.hdf5"
+    )
 
     folder = hub.model_source("https://h/m/ru/")
-    assert dict(folder.file_urls) == {"options.json": "https://h/m/ru/options.json",
-                                      "weights.hdf5": "https://h/m/ru/weights.hdf5"}
+    assert dict(folder.file_urls) == {
+        "options.json": "https://h/m/ru/options.json",
+        "weights.hdf5": "https://h/m/ru/weights.hdf5",
+    }
     # A URL of either file is the same model (and cache entry) as its folder; queries are kept.
     assert hub.model_source("https://h/m/ru/options.json") == hub.ModelSource(
-        "https://h/m/ru/options.json", folder.key, folder.file_urls)
+        "https://h/m/ru/options.json", folder.key, folder.file_urls
+    )
     assert hub.model_source("https://h/m/ru/weights.hdf5").key == folder.key
     prefix = hub.model_source("https://h/m/elmo_x_weights.hdf5?sig=1")
     assert dict(prefix.file_urls)["options.json"] == "https://h/m/elmo_x_options.json?sig=1"
@@ -229,10 +247,12 @@ def test_local_folders_are_returned_as_they_are(tmp_path, home, monkeypatch):
 
 
 # -- downloads ----------------------------------------------------------------------------
-@pytest.mark.parametrize("which,shape", [("fixture_model", (3, 5, 32)), ("tiny", (2, 5, 16))],
-                         ids=["bilm-tf-fixture", "tiny"])
-def test_released_name_downloads_once_then_loads_and_embeds(server, monkeypatch, home, tmp_path, capsys, request,
-                                                           which, shape):
+@pytest.mark.parametrize(
+    "which,shape", [("fixture_model", (3, 5, 32)), ("tiny", (2, 5, 16))], ids=["bilm-tf-fixture", "tiny"]
+)
+def test_released_name_downloads_once_then_loads_and_embeds(
+    server, monkeypatch, home, tmp_path, capsys, request, which, shape
+):
     model = request.getfixturevalue(which)
     paths = _serve_released(server, "small", model, monkeypatch, f"named-{which}")
     elmo = Elmo.load("small")  # the test model served as "small"
@@ -292,8 +312,11 @@ def test_a_connection_that_keeps_dropping_gives_up_and_caches_nothing(server, ti
     _serve(server, "flaky", tiny)
     server.routes.drop_always["/flaky/weights.hdf5"] = 1000  # and Range is ignored
     source = hub.model_source(f"{server.url}/flaky/")
-    with pytest.raises(hub.DownloadError, match=r"weights.hdf5: gave up after 3 attempts in a row without "
-                                                r"progress \(connection closed after 1000 of \d+ bytes"):
+    with pytest.raises(
+        hub.DownloadError,
+        match=r"weights.hdf5: gave up after 3 attempts in a row without "
+        r"progress \(connection closed after 1000 of \d+ bytes",
+    ):
         hub.fetch_model(source, home / "models", progress=False, retry_delays_s=(0.0, 0.0))
     # The first GET brought 1000 bytes; three more in a row brought none further.
     assert server.routes.gets("/flaky/weights.hdf5") == [None] + ["bytes=1000-"] * 3
@@ -349,8 +372,7 @@ def test_a_changed_cache_file_is_refused_on_later_use(server, tiny, home):
 
 
 # -- offline ------------------------------------------------------------------------------
-def test_offline_uses_the_cache_and_otherwise_says_which_files_to_put_where(server, tiny, monkeypatch, home,
-                                                                            capsys):
+def test_offline_uses_the_cache_and_otherwise_says_which_files_to_put_where(server, tiny, monkeypatch, home, capsys):
     paths = _serve_released(server, "medium", tiny, monkeypatch, "offline")
     monkeypatch.setenv(hub.OFFLINE_ENV, "1")
     with pytest.raises(hub.OfflineError) as e:
@@ -385,11 +407,17 @@ def test_unreachable_network_uses_the_cache_or_gives_one_clear_error(server, tin
     monkeypatch.setenv(hub.MODELS_URL_ENV, closed)  # nothing listens there
     assert resolve_model("original") == home / "models" / "original"  # cached: no network needed
     assert resolve_model("original", offline=True) == home / "models" / "original"
-    with pytest.raises(hub.OfflineError, match=r"model 'small' is not in the cache and the network is unreachable "
-                                               r"\(.*refused.*\); put these files there:\n  " + re.escape(closed)):
+    with pytest.raises(
+        hub.OfflineError,
+        match=r"model 'small' is not in the cache and the network is unreachable "
+        r"\(.*refused.*\); put these files there:\n  " + re.escape(closed),
+    ):
         resolve_model("small")
-    with pytest.raises(hub.OfflineError, match=r"not in the cache and offline mode is on; download "
-                                               r"http://\S+/m.zip, extract it"):
+    with pytest.raises(
+        hub.OfflineError,
+        match=r"not in the cache and offline mode is on; download "
+        r"http://\S+/m.zip, extract it",
+    ):
         resolve_model(f"{server.url}/m.zip", offline=True)
     assert _entries(home) == ["original"]
     assert len(server.routes.gets(paths["weights.hdf5"])) == 1
@@ -421,8 +449,12 @@ def _archive(kind: str, members: dict[str, bytes]) -> bytes:
 
 @pytest.mark.parametrize("kind", ["zip", "tar.gz"])
 def test_archives_are_extracted_into_one_cache_entry(server, tiny, home, kind):
-    members = {"ru/elmo_ru_options.json": tiny["options.json"], "ru/elmo_ru_weights.hdf5": tiny["weights.hdf5"],
-               "ru/vocab.txt": b"<S>\n</S>\n<UNK>\n", "README": b"not part of the model\n"}
+    members = {
+        "ru/elmo_ru_options.json": tiny["options.json"],
+        "ru/elmo_ru_weights.hdf5": tiny["weights.hdf5"],
+        "ru/vocab.txt": b"<S>\n</S>\n<UNK>\n",
+        "README": b"not part of the model\n",
+    }
     server.routes.files[f"/arch/ru.{kind}"] = _archive(kind, members)
     url = f"{server.url}/arch/ru.{kind}"
     entry = resolve_model(url, progress=False)
@@ -434,15 +466,18 @@ def test_archives_are_extracted_into_one_cache_entry(server, tiny, home, kind):
     assert _entries(home) == [entry.name]  # no extraction folder left behind
 
     # A model file named only by its suffix (model.hdf5) is found too; a broken archive is refused.
-    server.routes.files[f"/arch/plain.{kind}"] = _archive(kind, {"options.json": tiny["options.json"],
-                                                                 "model.hdf5": tiny["weights.hdf5"]})
+    server.routes.files[f"/arch/plain.{kind}"] = _archive(
+        kind, {"options.json": tiny["options.json"], "model.hdf5": tiny["weights.hdf5"]}
+    )
     assert (resolve_model(f"{server.url}/arch/plain.{kind}", progress=False) / "weights.hdf5").exists()
     server.routes.files[f"/arch/broken.{kind}"] = b"this is not an archive" * 10
     with pytest.raises(hub.DownloadError, match=rf"broken.{kind} is not a readable .* archive"):
         resolve_model(f"{server.url}/arch/broken.{kind}", progress=False)
     server.routes.files[f"/arch/empty.{kind}"] = _archive(kind, {"vocab.txt": b"a\n"})
-    with pytest.raises(hub.DownloadError, match="expected one folder with an options .json file in the archive, "
-                                                "found none; nothing was cached"):
+    with pytest.raises(
+        hub.DownloadError,
+        match="expected one folder with an options .json file in the archive, found none; nothing was cached",
+    ):
         resolve_model(f"{server.url}/arch/empty.{kind}", progress=False)
     assert len(_entries(home)) == 2
 
@@ -459,23 +494,33 @@ def test_an_elmoformanylangs_folder_url_is_fetched_file_by_file_and_converted(se
     for name in files:
         assert len(server.routes.gets(f"/efml/{name}")) == 1, name
     sentences = [["the", "cat", "sat"], ["中文", "Ω"]]
-    np.testing.assert_array_equal(Elmo.load(url).embed(sentences, layers="all")[1],
-                                  Elmo.load(MANYLANGS).embed(sentences, layers="all")[1])
+    np.testing.assert_array_equal(
+        Elmo.load(url).embed(sentences, layers="all")[1], Elmo.load(MANYLANGS).embed(sentences, layers="all")[1]
+    )
     assert not (home / hub.PARTIAL_DIR / entry.name).exists()  # the fetched files went with the staging
     assert [e for e in _entries(home) if not e.startswith("manylangs-")] == [entry.name]
 
-    with pytest.raises(ValueError, match=r"'config.json'.*the folder's URL ending in '/' \(also for an "
-                                         r"ELMoForManyLangs"):
+    with pytest.raises(
+        ValueError,
+        match=r"'config.json'.*the folder's URL ending in '/' \(also for an "
+        r"ELMoForManyLangs",
+    ):
         hub.model_source(url + "config.json")  # the folder is the model, not its config.json
     # A file the model needs that the folder lacks is named; nothing is cached.
     url = _serve(server, "efml-half", {k: v for k, v in files.items() if k != "encoder.pkl"})
-    with pytest.raises(hub.DownloadError, match=r"efml-half/encoder.pkl: HTTP 404.*holds an ELMoForManyLangs "
-                                                r"config.json but not encoder.pkl"):
+    with pytest.raises(
+        hub.DownloadError,
+        match=r"efml-half/encoder.pkl: HTTP 404.*holds an ELMoForManyLangs "
+        r"config.json but not encoder.pkl",
+    ):
         hub.resolve_model(url, progress=False)
     assert not any(p.name.startswith("efml-half") for p in (home / "models").iterdir())
     # A folder with neither kind of model says both were looked for.
-    with pytest.raises(hub.DownloadError, match=r"/nothing-here/options.json: HTTP 404.*nor does the folder hold "
-                                                r"an ELMoForManyLangs config.json"):
+    with pytest.raises(
+        hub.DownloadError,
+        match=r"/nothing-here/options.json: HTTP 404.*nor does the folder hold "
+        r"an ELMoForManyLangs config.json",
+    ):
         hub.resolve_model(f"{server.url}/nothing-here/", progress=False)
 
 
@@ -483,13 +528,16 @@ def test_an_elmoformanylangs_folder_url_is_fetched_file_by_file_and_converted(se
 def test_two_processes_fetching_one_model_download_it_once(server, tiny, home):
     url = _serve(server, "race", tiny)
     hold = server.routes.hold["/race/weights.hdf5"] = threading.Event()
-    script = ("import sys; from elmo_jax.hub import resolve_model; print('ready', flush=True); "
-              "print(resolve_model(sys.argv[1]), flush=True)")
+    script = (
+        "import sys; from elmo_jax.hub import resolve_model; print('ready', flush=True); "
+        "print(resolve_model(sys.argv[1]), flush=True)"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")])}
 
     def start():
-        return subprocess.Popen([sys.executable, "-c", script, url], env=env, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return subprocess.Popen(
+            [sys.executable, "-c", script, url], env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
 
     first = start()
     try:

@@ -28,8 +28,12 @@ _HOLDER = textwrap.dedent("""\
 def _holder(tmp_path, lock, spec):
     script = tmp_path / "holder.py"
     script.write_text(_HOLDER, encoding="utf-8")
-    proc = subprocess.Popen([sys.executable, str(script), str(lock), spec], stdout=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(lock), spec],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert proc.stdout.readline().strip() == "holding"
     return proc
 

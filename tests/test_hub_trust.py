@@ -58,9 +58,17 @@ def test_a_misspelt_name_gets_the_closest_names():
         hub.model_source("manylangs/frr")
 
 
-@pytest.mark.parametrize("spec,meant", [("manylangs/fii", "manylangs/fi"), ("manylangs/FI", "manylangs/fi"),
-                                        ("manylang/fi", "manylangs/fi"), ("ManyLangs/de/", "manylangs/de"),
-                                        ("manylangs/finnish", "manylangs/fi"), ("Small", "small")])
+@pytest.mark.parametrize(
+    "spec,meant",
+    [
+        ("manylangs/fii", "manylangs/fi"),
+        ("manylangs/FI", "manylangs/fi"),
+        ("manylang/fi", "manylangs/fi"),
+        ("ManyLangs/de/", "manylangs/de"),
+        ("manylangs/finnish", "manylangs/fi"),
+        ("Small", "small"),
+    ],
+)
 def test_a_misspelt_manylangs_name_that_looks_like_a_path_gets_the_closest_name(spec, meant, tmp_path, monkeypatch):
     """Every manylangs/<code> name holds a '/', so it reaches the 'no such folder' error."""
     monkeypatch.chdir(tmp_path)
@@ -83,7 +91,9 @@ def test_a_released_name_is_checked_against_its_architecture(tiny, home, monkeyp
     entry.mkdir(parents=True)
     for name, data in tiny.items():
         (entry / name).write_bytes(data)
-    with pytest.raises(hub.ChecksumError, match=r"not those of the released model 'small' \(.*lstm.dim 16, released 1024"):
+    with pytest.raises(
+        hub.ChecksumError, match=r"not those of the released model 'small' \(.*lstm.dim 16, released 1024"
+    ):
         resolve_model("small", offline=True)
     assert not (entry / "download.json").exists()  # nothing recorded for a wrong model
     write_manifest(entry, hub.model_source("small"), downloaded=True)  # even with a manifest
@@ -137,7 +147,10 @@ def test_an_interrupted_download_keeps_its_part_and_resumes(server, tiny, home, 
     assert part.read_bytes() == tiny["options.json"][:1000]  # kept (the whole small file, not yet renamed)
     monkeypatch.setattr(hub_download, "progress_bar", _Quiet)
     entry = resolve_model(url)
-    assert server.routes.gets("/ctrlc/options.json") == [None, f"bytes={part.stat().st_size if part.exists() else len(tiny['options.json'][:1000])}-"]
+    assert server.routes.gets("/ctrlc/options.json") == [
+        None,
+        f"bytes={part.stat().st_size if part.exists() else len(tiny['options.json'][:1000])}-",
+    ]
     assert (entry / "options.json").read_bytes() == tiny["options.json"]
     assert not (home / hub.PARTIAL_DIR).exists()  # nothing left to resume
 
@@ -171,8 +184,11 @@ def test_a_server_that_never_answers_is_named(home):
     listener.listen(1)  # accepts connections (the kernel does) and never answers
     try:
         url = f"http://127.0.0.1:{listener.getsockname()[1]}/m/"
-        with pytest.raises(hub.DownloadError, match=r"127.0.0.1 accepted the connection but sent nothing for 0.5 s "
-                                                    r"\(the server is not answering"):
+        with pytest.raises(
+            hub.DownloadError,
+            match=r"127.0.0.1 accepted the connection but sent nothing for 0.5 s "
+            r"\(the server is not answering",
+        ):
             hub.fetch_model(hub.model_source(url), home / "models", progress=False, timeout_s=0.5)
     finally:
         listener.close()
@@ -222,7 +238,9 @@ def test_progress_can_be_turned_off(server, tiny, home, capfd):
 
 def test_options_are_checked_before_the_weights_are_fetched(server, tiny, home):
     url = _serve(server, "badopts", {"options.json": b'{"lstm": {}}', "weights.hdf5": tiny["weights.hdf5"]})
-    with pytest.raises(hub.DownloadError, match=r"badopts/options.json: missing section 'char_cnn'.*weight file was not"):
+    with pytest.raises(
+        hub.DownloadError, match=r"badopts/options.json: missing section 'char_cnn'.*weight file was not"
+    ):
         resolve_model(url, progress=False)
     assert server.routes.gets("/badopts/weights.hdf5") == []
 
@@ -278,7 +296,9 @@ def test_a_manylangs_name_downloads_converts_and_loads(server, home, monkeypatch
     monkeypatch.setenv(manylangs.URL_ENV, f"{server.url}/nlpl/")
     entry = resolve_model("manylangs/fr", progress=False)
     assert entry.name == "manylangs-fr"
-    assert {"options.json", "weights.hdf5", "char.dic", "word.dic", "download.json"} <= {p.name for p in entry.iterdir()}
+    assert {"options.json", "weights.hdf5", "char.dic", "word.dic", "download.json"} <= {
+        p.name for p in entry.iterdir()
+    }
     assert json.loads((entry / "download.json").read_text())["archive_sha256"] == _sha(buf.getvalue())
     elmo = Elmo.load("manylangs/fr", progress=False)
     direct = Elmo.load(MANYLANGS / "legacy")

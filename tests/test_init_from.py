@@ -20,8 +20,14 @@ from elmo_jax.train.init_from import carry_softmax, initial_train_state, load_pr
 from elmo_jax.train.loop import TrainingError, train
 from elmo_jax.train.step import init_train_state, make_optimizer
 
-MICRO = {"dim": 16, "projection_dim": 8, "embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]],
-         "n_highway": 1, "max_characters_per_token": 12}
+MICRO = {
+    "dim": 16,
+    "projection_dim": 8,
+    "embedding_dim": 4,
+    "filters": [[1, 8], [2, 8], [3, 16]],
+    "n_highway": 1,
+    "max_characters_per_token": 12,
+}
 WORDS_A = ["the", "bank", "river", "money", "she", "went", "to", "a", "of", "银行", "取钱", "去"]
 # Domain B shares some words with A and has its own.
 WORDS_B = ["the", "bank", "she", "a", "loan", "rate", "fee", "paid", "account", "银行", "存钱"]
@@ -29,15 +35,29 @@ WORDS_B = ["the", "bank", "she", "a", "loan", "rate", "fee", "paid", "account", 
 
 def _corpus(path, words, n, seed):
     rng = np.random.default_rng(seed)
-    path.write_text("\n".join(" ".join(rng.choice(words, size=rng.integers(1, 9))) for _ in range(n)) + "\n",
-                    encoding="utf-8")
+    path.write_text(
+        "\n".join(" ".join(rng.choice(words, size=rng.integers(1, 9))) for _ in range(n)) + "\n", encoding="utf-8"
+    )
     return str(path)
 
 
 def _cfg(tmp, data, **kw):
-    base = dict(model="tiny", data=data, heldout=None, batch_size=4, unroll_steps=5, num_negatives=64,
-                optimizer="adam", learning_rate=0.01, epochs=1, max_steps=4, log_every=1, checkpoint_every=2,
-                dropout=0.0, data_dir=str(tmp / "tfds"))
+    base = dict(
+        model="tiny",
+        data=data,
+        heldout=None,
+        batch_size=4,
+        unroll_steps=5,
+        num_negatives=64,
+        optimizer="adam",
+        learning_rate=0.01,
+        epochs=1,
+        max_steps=4,
+        log_every=1,
+        checkpoint_every=2,
+        dropout=0.0,
+        data_dir=str(tmp / "tfds"),
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -53,8 +73,7 @@ def exported(tmp_path_factory):
     from elmo_jax.formats.training_run import export
 
     tmp = tmp_path_factory.mktemp("source")
-    cfg = _cfg(tmp, _corpus(tmp / "a.txt", WORDS_A, 60, 0), model_overrides=MICRO, max_steps=3,
-               checkpoint_every=3)
+    cfg = _cfg(tmp, _corpus(tmp / "a.txt", WORDS_A, 60, 0), model_overrides=MICRO, max_steps=3, checkpoint_every=3)
     train(cfg, str(tmp / "run"), progress=False)
     export(tmp / "run", tmp / "model")
     return tmp / "model"
@@ -84,23 +103,42 @@ def test_fixture_model_first_step_outputs_equal_the_fixtures_and_perplexity_fall
         layers, lstm_state = forward(params, pretrained.config, batch_to_ids(batch), lstm_state)
         for k in range(3):
             top = np.asarray(layers[-1, k, : len(batch[k])])
-            np.testing.assert_allclose(np.stack([top[:, :p], top[:, p:]]), expected[k][str(i)][...], atol=1e-5,
-                                       rtol=0, err_msg=f"batch {i} sentence {k}")
+            np.testing.assert_allclose(
+                np.stack([top[:, :p], top[:, p:]]),
+                expected[k][str(i)][...],
+                atol=1e-5,
+                rtol=0,
+                err_msg=f"batch {i} sentence {k}",
+            )
 
     data = _corpus(tmp_path / "b.txt", WORDS_B, 80, 1)
     heldout = _corpus(tmp_path / "b-heldout.txt", WORDS_B, 20, 2)
     workdir = tmp_path / "run"
     logged = []
-    summary = train(_cfg(tmp_path, data, heldout=heldout, init_from=str(model), max_steps=20, log_every=5,
-                         checkpoint_every=20), str(workdir), progress=False, log=logged.append)
+    summary = train(
+        _cfg(tmp_path, data, heldout=heldout, init_from=str(model), max_steps=20, log_every=5, checkpoint_every=20),
+        str(workdir),
+        progress=False,
+        log=logged.append,
+    )
     evals = _records(workdir, "eval")
     assert sorted(evals) == [0, 20]
     # The loop's step-0 evaluation scores the state checked above.
     run_vocab = Vocabulary.load(workdir / "vocab.txt")
-    start = initial_train_state(init_train_state(jax.random.key(0), pretrained.config, len(run_vocab), optimizer),
-                                pretrained, run_vocab, optimizer, log=lambda m: None)
-    again = evaluate(start["params"], pretrained.config, make_source(heldout, "test", str(tmp_path / "tfds")),
-                     run_vocab, unroll_steps=5)
+    start = initial_train_state(
+        init_train_state(jax.random.key(0), pretrained.config, len(run_vocab), optimizer),
+        pretrained,
+        run_vocab,
+        optimizer,
+        log=lambda m: None,
+    )
+    again = evaluate(
+        start["params"],
+        pretrained.config,
+        make_source(heldout, "test", str(tmp_path / "tfds")),
+        run_vocab,
+        unroll_steps=5,
+    )
     assert evals[0]["perplexity"] == pytest.approx(again["perplexity"], rel=1e-5)
     # Random sentences of 11 words: about 12 is the floor; the run starts near 19.
     assert summary["eval"]["perplexity"] < 0.8 * evals[0]["perplexity"], (evals[0], summary["eval"])
@@ -112,8 +150,12 @@ def test_fixture_model_first_step_outputs_equal_the_fixtures_and_perplexity_fall
 def test_softmax_rows_of_an_export_are_carried_bit_for_bit(exported, tmp_path):
     data = _corpus(tmp_path / "b.txt", WORDS_B, 60, 3)
     logged = []
-    train(_cfg(tmp_path, data, init_from=str(exported), max_steps=1, checkpoint_every=1), str(tmp_path / "run"),
-          progress=False, log=logged.append)
+    train(
+        _cfg(tmp_path, data, init_from=str(exported), max_steps=1, checkpoint_every=1),
+        str(tmp_path / "run"),
+        progress=False,
+        log=logged.append,
+    )
     vocab = Vocabulary.load(tmp_path / "run" / "vocab.txt")
     source_tokens = (exported / "vocab.txt").read_text(encoding="utf-8").split()
     shared = [t for t in vocab.tokens if t in source_tokens]
@@ -137,8 +179,9 @@ def test_softmax_rows_of_an_export_are_carried_bit_for_bit(exported, tmp_path):
     # The biLM is the export's, bit for bit.
     from elmo_jax.formats.hdf5 import load_weights
 
-    for x, y in zip(jax.tree.leaves(pretrained.bilm), jax.tree.leaves(load_weights(exported / "weights.hdf5",
-                                                                                  pretrained.config))):
+    for x, y in zip(
+        jax.tree.leaves(pretrained.bilm), jax.tree.leaves(load_weights(exported / "weights.hdf5", pretrained.config))
+    ):
         assert np.asarray(x).tobytes() == np.asarray(y).tobytes()
 
 

@@ -137,9 +137,7 @@ def _grad_error(params, h, t, num_sampled, draws=20000, **kw):
 
     def one(key):
         ids = L.sample_log_uniform(key, num_sampled, vocab)
-        return jax.grad(
-            lambda h: L.sampled_softmax_loss(params, h, t, ids, vocab_size=vocab, **kw).sum()
-        )(h)
+        return jax.grad(lambda h: L.sampled_softmax_loss(params, h, t, ids, vocab_size=vocab, **kw).sum())(h)
 
     keys = jax.random.split(jax.random.PRNGKey(42), draws)
     mean = jax.jit(lambda k: jax.vmap(one)(k).mean(0))(keys)
@@ -249,9 +247,7 @@ def test_make_loss_fn_picks_full_softmax_for_small_vocabularies(vocab, negatives
     params = _params(jax.random.PRNGKey(0), vocab, 4)
     h = jax.random.normal(jax.random.PRNGKey(1), (2, 3, 4))
     t = jnp.zeros((2, 3), jnp.int32)
-    np.testing.assert_allclose(
-        jax.jit(sel.fn)(params, h, t, jax.random.PRNGKey(0)), L.full_softmax_loss(params, h, t)
-    )
+    np.testing.assert_allclose(jax.jit(sel.fn)(params, h, t, jax.random.PRNGKey(0)), L.full_softmax_loss(params, h, t))
 
 
 def test_make_loss_fn_picks_sampled_softmax_for_large_vocabularies():

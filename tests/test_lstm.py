@@ -25,8 +25,12 @@ def _inputs(config, scale=3.0):
     P, H = config.lstm.projection_dim, config.lstm.dim
     layer = L.init_lstm(jax.random.key(0), config)[0]
     # large weights and a positive forget bias saturate the cell and the projection
-    layer = {**layer, "w_x": layer["w_x"] * scale, "w_p": layer["w_p"] * 4 * scale,
-             "b": layer["b"].at[..., 2 * config.lstm.dim:3 * config.lstm.dim].set(scale)}
+    layer = {
+        **layer,
+        "w_x": layer["w_x"] * scale,
+        "w_p": layer["w_p"] * 4 * scale,
+        "b": layer["b"].at[..., 2 * config.lstm.dim : 3 * config.lstm.dim].set(scale),
+    }
     x = jax.random.normal(jax.random.key(1), (R, B, T, P)) * scale
     lengths = np.array([T, 5, 2])
     mask = jnp.asarray(np.arange(T)[None, :] < lengths[:, None])
@@ -42,15 +46,15 @@ def _objective(config, mask, *, reference, remat_steps=0, dtype=jnp.float32):
             l = config.lstm
             gx = L.einsum("rbti,rig->trbg", x, layer["w_x"], dtype) + layer["b"][None, :, None, :]
             m = jnp.moveaxis(mask, -1, 0)[..., None].astype(gx.dtype)
-            (h_last, c_last), h = L._recurrence_scan(layer["w_h"], layer["w_p"], gx, m, h0, c0,
-                                                     l.cell_clip, l.proj_clip, jnp.dtype(dtype), False)
+            (h_last, c_last), h = L._recurrence_scan(
+                layer["w_h"], layer["w_p"], gx, m, h0, c0, l.cell_clip, l.proj_clip, jnp.dtype(dtype), False
+            )
             h = jnp.moveaxis(h, 0, 2)
         else:
-            h, h_last, c_last = L.lstm_layer(layer, config, x, mask, h0, c0, dtype=dtype,
-                                             remat_steps=remat_steps)
+            h, h_last, c_last = L.lstm_layer(layer, config, x, mask, h0, c0, dtype=dtype, remat_steps=remat_steps)
         weights = (jnp.arange(h.size).reshape(h.shape) % 7 - 3.0) / 3.0
         # every output reaches the loss: the sequence, the final h and the final c
-        return jnp.sum(h * weights) + jnp.sum(h_last ** 2) + jnp.sum(jnp.sin(c_last)), h
+        return jnp.sum(h * weights) + jnp.sum(h_last**2) + jnp.sum(jnp.sin(c_last)), h
 
     return f
 
@@ -81,13 +85,12 @@ def test_handwritten_backward_equals_autodiff(remat_steps):
 
 
 def test_clip_free_config_and_padding_steps_pass_state_through():
-    config = dataclasses.replace(TINY, lstm=dataclasses.replace(TINY.lstm, cell_clip=None,
-                                                                proj_clip=None))
+    config = dataclasses.replace(TINY, lstm=dataclasses.replace(TINY.lstm, cell_clip=None, proj_clip=None))
     layer, x, mask, h0, c0 = _inputs(config, scale=1.0)
-    g1 = jax.grad(lambda *a: _objective(config, mask, reference=False, remat_steps=4)(*a)[0],
-                  argnums=(0, 1, 2, 3))(layer, x, h0, c0)
-    g2 = jax.grad(lambda *a: _objective(config, mask, reference=True)(*a)[0],
-                  argnums=(0, 1, 2, 3))(layer, x, h0, c0)
+    g1 = jax.grad(lambda *a: _objective(config, mask, reference=False, remat_steps=4)(*a)[0], argnums=(0, 1, 2, 3))(
+        layer, x, h0, c0
+    )
+    g2 = jax.grad(lambda *a: _objective(config, mask, reference=True)(*a)[0], argnums=(0, 1, 2, 3))(layer, x, h0, c0)
     for a, b in zip(jax.tree.leaves(g1), jax.tree.leaves(g2)):
         assert _rel_err(a, b) <= 1e-5
     # a row that is all padding returns its initial state and no gradient to its inputs
@@ -127,8 +130,17 @@ def test_inference_skips_steps_no_row_uses_with_the_scans_numbers():
     for n_time, n_rows in ((0, B), (T, 0)):
         m = jnp.ones((n_time, R, n_rows, 1))
         h0_, c0_ = h0[:, :n_rows], c0[:, :n_rows]
-        h, h_last, c_last = L.recurrence(layer["w_h"], layer["w_p"], gx[:n_time, :, :n_rows], m, h0_, c0_,
-                                         l.cell_clip, l.proj_clip, jnp.dtype(jnp.float32))
+        h, h_last, c_last = L.recurrence(
+            layer["w_h"],
+            layer["w_p"],
+            gx[:n_time, :, :n_rows],
+            m,
+            h0_,
+            c0_,
+            l.cell_clip,
+            l.proj_clip,
+            jnp.dtype(jnp.float32),
+        )
         assert h.shape == (n_time, R, n_rows, l.projection_dim)
         np.testing.assert_array_equal(np.asarray(h_last), np.asarray(h0_))
         np.testing.assert_array_equal(np.asarray(c_last), np.asarray(c0_))

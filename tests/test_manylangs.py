@@ -73,7 +73,10 @@ def test_both_torch_layouts_read_to_the_same_tensors():
         for key in new:
             assert new[key].dtype == np.float32
             np.testing.assert_array_equal(new[key], old[key])
-    assert load_state_dict(DATA / "zip" / manylangs.ENCODER_FILE)["forward_layer_0.state_projection.weight"].shape == (16, 24)
+    assert load_state_dict(DATA / "zip" / manylangs.ENCODER_FILE)["forward_layer_0.state_projection.weight"].shape == (
+        16,
+        24,
+    )
 
 
 def test_torch_reader_refuses_code_and_damage(tmp_path):
@@ -157,23 +160,34 @@ def test_outputs_equal_the_package_run_live(tmp_path):
     """Models made now by the package in both layouts, embedded now by the package."""
     python = PEER_ENV / "bin" / "python"
     if not python.exists():
-        pytest.skip(f"no ELMoForManyLangs environment at {PEER_ENV} (build it with "
-                    f"../shared/peers/elmoformanylangs-env.sh DIR and set ELMO_EFML_ENV=DIR)")
+        pytest.skip(
+            f"no ELMoForManyLangs environment at {PEER_ENV} (build it with "
+            f"../shared/peers/elmoformanylangs-env.sh DIR and set ELMO_EFML_ENV=DIR)"
+        )
     script = str(Path(__file__).parent / "peer_manylangs.py")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     folders = []
     for fmt in FORMATS:
         folder = tmp_path / fmt
-        subprocess.run([str(python), "-W", "ignore", script, "make", str(folder)] + (["--legacy"] if fmt == "legacy" else []),
-                       check=True, env=env)
+        subprocess.run(
+            [str(python), "-W", "ignore", script, "make", str(folder)] + (["--legacy"] if fmt == "legacy" else []),
+            check=True,
+            env=env,
+        )
         folders.append(str(folder))
-    subprocess.run([str(python), "-W", "ignore", script, "make", str(tmp_path / "equal"), "--equal-projection"],
-                   check=True, env=env)
+    subprocess.run(
+        [str(python), "-W", "ignore", script, "make", str(tmp_path / "equal"), "--equal-projection"],
+        check=True,
+        env=env,
+    )
     folders.append(str(tmp_path / "equal"))
     sentences = SENTENCES + [["über", "中文字", "zzzzzzzzzzzzzzzzzzzzzzzzzzzzzz", "ÅÉÎ"]]
     (tmp_path / "s.json").write_text(json.dumps(sentences), encoding="utf-8")
-    subprocess.run([str(python), "-W", "ignore", script, "embed", str(tmp_path / "s.json"), str(tmp_path / "out.npz")]
-                   + folders, check=True, env=env)
+    subprocess.run(
+        [str(python), "-W", "ignore", script, "embed", str(tmp_path / "s.json"), str(tmp_path / "out.npz")] + folders,
+        check=True,
+        env=env,
+    )
     expected = np.load(tmp_path / "out.npz")
     for n, folder in enumerate(folders):
         assert _compare(Elmo.load(folder), expected, f"{n}_", sentences) < TOLERANCE
@@ -186,8 +200,14 @@ def test_converted_once_into_the_cache_then_read_without_the_torch_files(tmp_pat
     first = Elmo.load(folder)
     entries = sorted((home / "models").iterdir())
     assert len(entries) == 1 and entries[0].name.startswith("manylangs-model-")
-    assert sorted(p.name for p in entries[0].iterdir()) == ["char.dic", "manylangs.json", "options.json",
-                                                           "weights.hdf5", "word.dic"]
+    assert sorted(p.name for p in entries[0].iterdir()) == [
+        "char.dic",
+        "manylangs.json",
+        "options.json",
+        "weights.hdf5",
+        "word.dic",
+    ]
+
     class ConvertedAgain(Exception):
         pass
 
@@ -203,10 +223,16 @@ def test_converted_once_into_the_cache_then_read_without_the_torch_files(tmp_pat
     (folder / "word.dic").write_text((folder / "word.dic").read_text(encoding="utf-8") + "new\t12\n", encoding="utf-8")
     with pytest.raises(ConvertedAgain):  # a changed source file: converted anew
         Elmo.load(folder)
-    code = ("import sys, elmo_jax; e = elmo_jax.Elmo.load(sys.argv[1]); "
-            "assert 'torch' not in sys.modules and e.config.vocab.n_words == 12; print('ok')")
-    out = subprocess.run([sys.executable, "-c", code, str(entries[0])], capture_output=True, text=True,
-                         env={**os.environ, hub.HOME_ENV: str(home)})
+    code = (
+        "import sys, elmo_jax; e = elmo_jax.Elmo.load(sys.argv[1]); "
+        "assert 'torch' not in sys.modules and e.config.vocab.n_words == 12; print('ok')"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(entries[0])],
+        capture_output=True,
+        text=True,
+        env={**os.environ, hub.HOME_ENV: str(home)},
+    )
     assert out.stdout.strip() == "ok", out.stderr
 
 
@@ -241,8 +267,12 @@ def test_every_layers_mode_the_token_cache_and_save(loaded, tmp_path):
     for a, b in zip(full, cached):
         np.testing.assert_allclose(a, b, atol=1e-5)
     elmo.save(tmp_path / "saved")
-    assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == ["char.dic", "options.json", "weights.hdf5",
-                                                                       "word.dic"]
+    assert sorted(p.name for p in (tmp_path / "saved").iterdir()) == [
+        "char.dic",
+        "options.json",
+        "weights.hdf5",
+        "word.dic",
+    ]
     again = Elmo.load(tmp_path / "saved")
     # Saving is lossless (the same weights, bit for bit); the reloaded model's own compiled
     # program agrees to rounding (a batch of 1 is another program than the batch of 4 above).
@@ -283,8 +313,10 @@ def test_finetune_and_the_cli(loaded, tmp_path):
 
     src = tmp_path / "in.txt"
     src.write_text(" ".join(SENTENCES[0]) + "\n" + " ".join(SENTENCES[1]) + "\n", encoding="utf-8")
-    assert main(["embed", str(src), str(tmp_path / "out.hdf5"), "--all", "--model", str(DATA / "legacy"),
-                 "--no-progress"]) == 0
+    assert (
+        main(["embed", str(src), str(tmp_path / "out.hdf5"), "--all", "--model", str(DATA / "legacy"), "--no-progress"])
+        == 0
+    )
     import h5py
 
     with h5py.File(tmp_path / "out.hdf5", "r") as f:
@@ -302,7 +334,15 @@ def test_released_names_cover_the_44_models():
     names = manylangs.released_names()
     assert len(names) == 44 and len(set(manylangs.RELEASED[n[10:]][0] for n in names)) == 44
     assert {manylangs.RELEASED[c][0] for c in ("ar", "de", "en", "es", "fr", "ja", "ru", "zh")} == {
-        136, 142, 144, 145, 150, 160, 170, 179}
+        136,
+        142,
+        144,
+        145,
+        150,
+        160,
+        170,
+        179,
+    }
     assert manylangs.released_url("manylangs/fi", "http://127.0.0.1:1/m") == "http://127.0.0.1:1/m/149.zip"
     assert hub.model_source("manylangs/ur").archive_url.endswith("/repository/11/177.zip")
 

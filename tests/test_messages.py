@@ -77,8 +77,7 @@ def test_a_closed_loops_echo_is_dropped_and_nothing_else(mode):
     prints a bare traceback through sys.unraisablehook, and an orbax metadata read left
     unstarted warns that it "was never awaited"; the filter drops exactly those two and passes
     other unraisable errors and warnings on.  ("plain" shows both exist without it.)"""
-    out = subprocess.run([sys.executable, "-c", _ECHO, mode], capture_output=True, text=True, cwd=REPO,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "-c", _ECHO, mode], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "ValueError: another" in out.stderr  # other unraisables still reach the default hook
     assert ("Event loop is closed" in out.stderr) == (mode == "plain"), out.stderr
@@ -136,6 +135,7 @@ def test_a_full_disk_while_preparing_text_is_one_line(tmp_path, monkeypatch, wor
     if workers:
         monkeypatch.setattr(text_source, "write_range", _full_disk_write_range)
     else:
+
         def full(cls, path, examples):
             raise RuntimeError(f"write() failed: No space left on device; writing {path}; at byte 2097152")
 
@@ -168,6 +168,7 @@ def test_a_checkpoints_path_that_is_a_file_is_refused_at_start(tmp_path):
 # Memory: a step that cannot fit is refused before anything is allocated
 # ==========================================================================================
 
+
 @pytest.mark.parametrize("what", ["batch_size=1e9", "dim=1e8"])
 def test_a_step_that_cannot_fit_is_refused_with_the_estimate(tmp_path, what):
     """Both passed every other check and then took the machine's memory until killed."""
@@ -177,10 +178,16 @@ def test_a_step_that_cannot_fit_is_refused_with_the_estimate(tmp_path, what):
     cfg = _train_cfg(tmp_path)
     # 1e9 rows rather than 1e6: with this micro model 1e6 rows need about 17 GiB,
     # which a large machine has (and would then train with).
-    cfg = (cfg.replace(batch_size=10 ** 9) if what == "batch_size=1e9"
-           else cfg.replace(model_overrides={**cfg.model_overrides, "dim": 10 ** 8}))
-    with pytest.raises(MemoryEstimateError, match=r"the training step needs at least [\d.]+ GiB .* but the host's "
-                                                  r"available RAM is [\d.]+ GiB; lower batch_size"):
+    cfg = (
+        cfg.replace(batch_size=10**9)
+        if what == "batch_size=1e9"
+        else cfg.replace(model_overrides={**cfg.model_overrides, "dim": 10**8})
+    )
+    with pytest.raises(
+        MemoryEstimateError,
+        match=r"the training step needs at least [\d.]+ GiB .* but the host's "
+        r"available RAM is [\d.]+ GiB; lower batch_size",
+    ):
         train(cfg, str(tmp_path / "run"), progress=False)
     assert not (tmp_path / "run" / "checkpoints").exists()
 
@@ -201,8 +208,9 @@ def test_the_memory_estimate_counts_state_and_activations():
     assert 2 * estimate.params <= estimate.optimizer <= 2 * estimate.params + 64  # adam: mu, nu (+ count)
     assert activation_bytes(config, 16, 20, 1000) == 2 * activation_bytes(config, 8, 20, 1000)
     assert activation_bytes(config, 8, 20, 1000, remat=True) < estimate.activations
-    check_fits(estimate, rows_per_device=8, unroll_steps=20, limit=(10 * estimate.total * jax.local_device_count(),
-                                                                     "test"))
+    check_fits(
+        estimate, rows_per_device=8, unroll_steps=20, limit=(10 * estimate.total * jax.local_device_count(), "test")
+    )
     with pytest.raises(MemoryEstimateError, match="but test is"):
         check_fits(estimate, rows_per_device=8, unroll_steps=20, limit=(estimate.total // 2, "test"))
 
@@ -210,6 +218,7 @@ def test_the_memory_estimate_counts_state_and_activations():
 # ==========================================================================================
 # NaN weights, mix_params, the Flax bridge
 # ==========================================================================================
+
 
 def test_weights_holding_nan_are_refused_at_load_naming_the_weight(tmp_path, elmo):
     elmo.save(tmp_path / "model")
@@ -256,8 +265,13 @@ def test_the_linen_bridge_without_a_dropout_rng_refuses_instead_of_a_fixed_mask(
 def test_a_bad_test_compile_setting_is_named_before_anything_runs(value):
     """XLA aborts without a word on a bad optimisation level, so the suite checks
     ELMO_JAX_TEST_XLA_OPT itself and says which values there are."""
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider",
-                          "tests/test_chars.py"], capture_output=True, text=True, cwd=REPO, timeout=120,
-                         env=dict(os.environ, ELMO_JAX_TEST_XLA_OPT=value))
+    out = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "0", "-p", "no:cacheprovider", "tests/test_chars.py"],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=120,
+        env=dict(os.environ, ELMO_JAX_TEST_XLA_OPT=value),
+    )
     assert out.returncode == 4, out.stdout + out.stderr
     assert f"ELMO_JAX_TEST_XLA_OPT='{value}' is not a setting: give 'default'" in out.stdout + out.stderr

@@ -35,9 +35,14 @@ from tests.conftest import device_env, train_steps_logged, wait_for
 REPO = Path(__file__).resolve().parents[1]
 HEARTBEAT_S = 10
 # dim 16 / proj 8 / two small filters: compiles in seconds
-MODEL = ["--config.model_overrides.dim=16", "--config.model_overrides.projection_dim=8",
-         "--config.model_overrides.embedding_dim=4", "--config.model_overrides.filters=[[1,8],[2,8]]",
-         "--config.model_overrides.n_highway=1", "--config.model_overrides.max_characters_per_token=12"]
+MODEL = [
+    "--config.model_overrides.dim=16",
+    "--config.model_overrides.projection_dim=8",
+    "--config.model_overrides.embedding_dim=4",
+    "--config.model_overrides.filters=[[1,8],[2,8]]",
+    "--config.model_overrides.n_highway=1",
+    "--config.model_overrides.max_characters_per_token=12",
+]
 
 
 def _free_port() -> int:
@@ -64,8 +69,18 @@ def corpus(tmp_path_factory) -> Path:
 
 
 def _config_args(corpus: Path, workdir: Path, **overrides) -> list[str]:
-    values = dict(data=corpus / "train.txt", data_dir=workdir / "tfds", batch_size=8, unroll_steps=5,
-                  num_negatives=8, epochs=100, max_steps=6, log_every=1, checkpoint_every=2, dropout=0.1)
+    values = dict(
+        data=corpus / "train.txt",
+        data_dir=workdir / "tfds",
+        batch_size=8,
+        unroll_steps=5,
+        num_negatives=8,
+        epochs=100,
+        max_steps=6,
+        log_every=1,
+        checkpoint_every=2,
+        dropout=0.1,
+    )
     values.update(overrides)
     return MODEL + [f"--config.{k}={v}" for k, v in values.items()]
 
@@ -74,9 +89,22 @@ def _start_job(workdir: Path, config_args: list[str], n: int = 2, devices: int =
     port = _free_port()
     procs = []
     for i in range(n):
-        cmd = [sys.executable, str(REPO / "train.py"), "--workdir", str(workdir), "--no-progress",
-               "--coordinator", f"127.0.0.1:{port}", "--num-processes", str(n), "--process-id", str(i),
-               "--heartbeat-timeout", str(HEARTBEAT_S), *config_args]
+        cmd = [
+            sys.executable,
+            str(REPO / "train.py"),
+            "--workdir",
+            str(workdir),
+            "--no-progress",
+            "--coordinator",
+            f"127.0.0.1:{port}",
+            "--num-processes",
+            str(n),
+            "--process-id",
+            str(i),
+            "--heartbeat-timeout",
+            str(HEARTBEAT_S),
+            *config_args,
+        ]
         log = open(workdir.parent / f"{workdir.name}.p{i}.log", "a", encoding="utf-8")
         procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=_env(devices), text=True))
         log.close()
@@ -168,8 +196,13 @@ REFERENCE = textwrap.dedent(
 
 def _run_reference(workdir: Path, config_args: list[str]) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run([sys.executable, "-c", REFERENCE, str(workdir), *config_args], env=_env(4),
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", REFERENCE, str(workdir), *config_args],
+        env=_env(4),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
 
 
@@ -206,8 +239,7 @@ def test_mesh_path_equals_pmap_path_multiprocess(corpus, tmp_path):
     runs = {}
     for kind in ("pmap", "mesh"):
         workdir = tmp_path / kind
-        _run_job(workdir, _config_args(corpus, workdir, parallel=kind, dropout=0.0, max_steps=4,
-                                       checkpoint_every=100))
+        _run_job(workdir, _config_args(corpus, workdir, parallel=kind, dropout=0.0, max_steps=4, checkpoint_every=100))
         assert f"[{kind}]" in _log(workdir, 0)
         runs[kind] = _losses(workdir)
     assert sorted(runs["pmap"]) == [1, 2, 3, 4]
@@ -254,8 +286,14 @@ def test_resume_with_another_process_count_is_refused(pmap_job, corpus, tmp_path
 
     workdir = tmp_path / "copy"
     shutil.copytree(pmap_job, workdir)
-    cmd = [sys.executable, str(REPO / "train.py"), "--workdir", str(workdir), "--no-progress",
-           *_config_args(corpus, workdir, max_steps=8)]
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "--workdir",
+        str(workdir),
+        "--no-progress",
+        *_config_args(corpus, workdir, max_steps=8),
+    ]
     proc = subprocess.run(cmd, capture_output=True, text=True, env=_env(4), timeout=180)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "was written by 2 process(es) on 4 devices" in proc.stderr

@@ -18,19 +18,38 @@ from elmo_jax.errors import ElmoError
 from elmo_jax.finetune import pad_layers
 from elmo_jax.model import heads
 from elmo_jax.model.bilm import init_params
-from elmo_jax.nnx import (LINEN_COLLECTION, ComponentHead, ElmoLayer, ElmoWeight, ScalarMix, batch_inputs,
-                          parameter_counts, restore_params, save_params)
+from elmo_jax.nnx import (
+    LINEN_COLLECTION,
+    ComponentHead,
+    ElmoLayer,
+    ElmoWeight,
+    ScalarMix,
+    batch_inputs,
+    parameter_counts,
+    restore_params,
+    save_params,
+)
 from tests.conftest import REPO
 
-SENTS = [["the", "bank", "of", "the", "river"], ["she", "went", "to", "the", "bank", "with", "money", "."],
-         ["a"], "she went home"]
+SENTS = [
+    ["the", "bank", "of", "the", "river"],
+    ["she", "went", "to", "the", "bank", "with", "money", "."],
+    ["a"],
+    "she went home",
+]
 MIX = {"scalars": jnp.array([0.3, -0.2, 0.5]), "gamma": jnp.array(1.7)}
 MIX2 = {"scalars": jnp.array([-1.0, 0.4, 0.1]), "gamma": jnp.array(0.6)}
 
 
 # Small enough to compile in seconds (the same sizes as examples/finetune_heads.py --quick).
-MICRO = ElmoConfig.preset("tiny").replace(dim=32, projection_dim=16, embedding_dim=4, n_highway=1,
-                                          filters=[[1, 8], [2, 8], [3, 16]], max_characters_per_token=16)
+MICRO = ElmoConfig.preset("tiny").replace(
+    dim=32,
+    projection_dim=16,
+    embedding_dim=4,
+    n_highway=1,
+    filters=[[1, 8], [2, 8], [3, 16]],
+    max_characters_per_token=16,
+)
 
 
 def _random_elmo(config: ElmoConfig, seed: int) -> Elmo:
@@ -73,8 +92,9 @@ class Tagger(nnx.Module):
     def __init__(self, elmo, n_classes: int, *, trainable: bool = False, rngs: nnx.Rngs):
         self.elmo = ElmoLayer(elmo, num_output_representations=2, trainable=trainable, dropout=0.2, rngs=rngs)
         d = elmo.config.output_dim
-        self.rnn = nnx.Bidirectional(nnx.RNN(nnx.LSTMCell(d, 8, rngs=rngs)), nnx.RNN(nnx.LSTMCell(d, 8, rngs=rngs)),
-                                     rngs=rngs)
+        self.rnn = nnx.Bidirectional(
+            nnx.RNN(nnx.LSTMCell(d, 8, rngs=rngs)), nnx.RNN(nnx.LSTMCell(d, 8, rngs=rngs)), rngs=rngs
+        )
         self.out = nnx.Linear(16 + d, n_classes, rngs=rngs)
 
     def __call__(self, ids, mask):
@@ -221,10 +241,13 @@ def test_linen_bridge_gives_the_same_outputs(elmo, inputs):
     assert set(variables) == {"params", LINEN_COLLECTION}
     assert set(variables["params"]) == {"mixes"}  # only the mixes train; the biLM sits apart
     params = jax.tree_util.tree_map(lambda x: x, dict(variables["params"]))
-    params["mixes"] = {0: {"scalars": MIX["scalars"], "gamma": MIX["gamma"]},
-                       1: {"scalars": MIX2["scalars"], "gamma": MIX2["gamma"]}}
+    params["mixes"] = {
+        0: {"scalars": MIX["scalars"], "gamma": MIX["gamma"]},
+        1: {"scalars": MIX2["scalars"], "gamma": MIX2["gamma"]},
+    }
     got = jax.jit(lambda v: module.apply(v, ids, mask, deterministic=True))(
-        {"params": params, LINEN_COLLECTION: variables[LINEN_COLLECTION]})
+        {"params": params, LINEN_COLLECTION: variables[LINEN_COLLECTION]}
+    )
 
     layer = ElmoLayer(elmo, num_output_representations=2, rngs=nnx.Rngs(0))
     _set_mix(layer.mixes[0], MIX)
@@ -307,8 +330,11 @@ def test_built_from_a_model_folder_and_bad_inputs_named(elmo, tmp_path):
     with pytest.raises(ValueError, match="fewer than the 2 sentences"):
         batch_inputs(["a b", "c"], elmo.config, rows=1)
     ids, mask = batch_inputs(["a b", "c"], elmo.config, rows=5)
-    assert ids.shape == (5, 6, 16) and mask.tolist()[:3] == [[True, True] + [False] * 4,
-                                                              [True] + [False] * 5, [False] * 6]
+    assert ids.shape == (5, 6, 16) and mask.tolist()[:3] == [
+        [True, True] + [False] * 4,
+        [True] + [False] * 5,
+        [False] * 6,
+    ]
 
 
 def test_example_runs_quick(tmp_path, capsys):

@@ -22,8 +22,9 @@ def test_embed_notebook_executes_and_plots(monkeypatch):
     monkeypatch.setenv("ELMO_MODEL", "random")  # hermetic: not the checkout's runs/tiny, no export
     from jupyter_client.kernelspec import NATIVE_KERNEL_NAME
 
-    client = nbclient.NotebookClient(nb, timeout=300, kernel_name=NATIVE_KERNEL_NAME,
-                                     resources={"metadata": {"path": str(REPO / "examples")}})
+    client = nbclient.NotebookClient(
+        nb, timeout=300, kernel_name=NATIVE_KERNEL_NAME, resources={"metadata": {"path": str(REPO / "examples")}}
+    )
     # Run the kernel with this interpreter, whatever kernelspecs are installed.
     client.kernel_manager_class = _manager_for(sys.executable)
     client.execute()

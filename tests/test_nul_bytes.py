@@ -59,8 +59,15 @@ def test_embed_input_with_a_nul_is_refused_at_the_scan(nul_file):
         scan_input(nul_file, group_lines=2, max_tokens=100)
 
 
-@pytest.mark.parametrize("layout", [["--all"], ["--top", "--format", "packed"], ["--average", "--format", "allennlp"],
-                                    ["--average", "--sentence-vectors"]])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["--all"],
+        ["--top", "--format", "packed"],
+        ["--average", "--format", "allennlp"],
+        ["--average", "--sentence-vectors"],
+    ],
+)
 def test_embed_refuses_a_nul_before_embedding_in_every_layout(nul_file, tmp_path, layout, capsys):
     out = tmp_path / "out.hdf5"
     assert main(["embed", str(nul_file), str(out), *layout, "--preset", "tiny", "--no-progress"]) == 2

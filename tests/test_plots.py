@@ -21,11 +21,23 @@ def _png_shape(path):
 
 def _fake_run(folder, *, with_eval=True):
     folder.mkdir()
-    records = [{"step": s, "kind": "train", "time": 0.0, "loss": 5.0 - s / 100, "perplexity": float(np.exp(5.0 - s / 100))}
-               for s in (50, 100, 150, 200)]
+    records = [
+        {"step": s, "kind": "train", "time": 0.0, "loss": 5.0 - s / 100, "perplexity": float(np.exp(5.0 - s / 100))}
+        for s in (50, 100, 150, 200)
+    ]
     if with_eval:
-        records += [{"step": s, "kind": "eval", "time": 0.0, "perplexity": p, "fwd_perplexity": p, "bwd_perplexity": p,
-                     "tokens": 10} for s, p in ((100, 80.0), (200, 45.0))]
+        records += [
+            {
+                "step": s,
+                "kind": "eval",
+                "time": 0.0,
+                "perplexity": p,
+                "fwd_perplexity": p,
+                "bwd_perplexity": p,
+                "tokens": 10,
+            }
+            for s, p in ((100, 80.0), (200, 45.0))
+        ]
     text = "\n".join(json.dumps(r) for r in records) + "\n" + '{"step": 250, "kind": "tra'  # a line cut by a crash
     (folder / "metrics.jsonl").write_text(text, encoding="utf-8")
     return folder
@@ -140,8 +152,9 @@ def test_points_on_one_spot_stay_visible_with_their_counts(tmp_path, monkeypatch
     rng = np.random.default_rng(0)
     senses = ["money"] * 30 + ["river"] * 30
     spot = np.tile([[0.8, -0.3]], (60, 1))
-    plots.sense_projection_png({"layer 0 (char CNN)": spot, "layer 1": rng.normal(size=(60, 2))}, senses,
-                               tmp_path / "senses.png", word="bank")
+    plots.sense_projection_png(
+        {"layer 0 (char CNN)": spot, "layer 1": rng.normal(size=(60, 2))}, senses, tmp_path / "senses.png", word="bank"
+    )
     fig = figures[-1]
     layer0 = fig.axes[0]
     money_blue = (31, 119, 180)  # tab:blue
@@ -178,20 +191,31 @@ def test_word_senses_of_a_synthetic_run(tmp_path):
     # ambiguous word, "bat" (once) is not drawn.
     corpus = tmp_path / "corpus"
     corpus.mkdir()
-    sentences = [("she sat on the bank", "river"), ("the bank lent money", "money"), ("a bat flew", None),
-                 ("the river bank", "river"), ("my bank account", "money"), ("bank bank", "money")]
+    sentences = [
+        ("she sat on the bank", "river"),
+        ("the bank lent money", "money"),
+        ("a bat flew", None),
+        ("the river bank", "river"),
+        ("my bank account", "money"),
+        ("bank bank", "money"),
+    ]
     lines, labels = [], []
     for text, sense in sentences:
         words = text.split()
         word = "bat" if "bat" in words else "bank"
-        labels.append({"classes": ["X"] * len(words),
-                       "senses": [f"{word}#{sense or 'animal'}" if w == word else "-" for w in words]})
+        labels.append(
+            {
+                "classes": ["X"] * len(words),
+                "senses": [f"{word}#{sense or 'animal'}" if w == word else "-" for w in words],
+            }
+        )
         lines.append(text)
     for split in ("heldout", "train"):  # (the sense direction is fitted on the training occurrences)
         (corpus / f"{split}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
         (corpus / f"{split}.labels.jsonl").write_text("\n".join(json.dumps(lab) for lab in labels) + "\n")
-    config = ElmoConfig.preset("tiny").replace(dim=16, projection_dim=8, embedding_dim=4,
-                                               filters=[[1, 8], [2, 8]], n_highway=1)
+    config = ElmoConfig.preset("tiny").replace(
+        dim=16, projection_dim=8, embedding_dim=4, filters=[[1, 8], [2, 8]], n_highway=1
+    )
     path = plot_word_senses(str(tmp_path), str(corpus), init_params(jax.random.key(0), config), config)
     assert path == str(tmp_path / "word_senses.png") and _png_shape(path)[1] == 3 * 396  # 3 panels (layers 0-2)
 

@@ -18,6 +18,7 @@ def _full_disk(monkeypatch, workers):
     if workers:
         monkeypatch.setattr(text_source, "write_range", _full_disk_write_range)
     else:
+
         def full(cls, path, examples):
             raise RuntimeError(f"write() failed: No space left on device; writing {path}; at byte 0")
 
@@ -39,8 +40,9 @@ def short_lines(tmp_path_factory):
     rng = random.Random(0)
     words = ["".join(rng.choice("abcdefghij") for _ in range(rng.randint(1, 9))) for _ in range(3000)]
     path = tmp_path_factory.mktemp("text") / "short.txt"
-    path.write_text("".join(" ".join(rng.choices(words, k=rng.randint(1, 3))) + "\n" for _ in range(20_000)),
-                    encoding="utf-8")
+    path.write_text(
+        "".join(" ".join(rng.choices(words, k=rng.randint(1, 3))) + "\n" for _ in range(20_000)), encoding="utf-8"
+    )
     return path
 
 
@@ -77,6 +79,7 @@ def test_a_refused_preparation_leaves_no_empty_folder(tmp_path, monkeypatch, wor
 # A step that cannot fit is refused before the data is prepared, indexed and counted
 # ==========================================================================================
 
+
 @pytest.mark.parametrize("what", ["batch_size", "dim"])
 def test_a_step_that_cannot_fit_is_refused_before_anything_is_built(tmp_path, monkeypatch, what):
     from elmo_jax.train import loop
@@ -84,8 +87,11 @@ def test_a_step_that_cannot_fit_is_refused_before_anything_is_built(tmp_path, mo
     from tests.test_train import _cfg
 
     cfg = _cfg(tmp_path, data_dir=None)  # the text is prepared beside the run, in WORKDIR/tfds
-    cfg = (cfg.replace(batch_size=10 ** 9) if what == "batch_size"
-           else cfg.replace(model_overrides={**cfg.model_overrides, "dim": 10 ** 8}))
+    cfg = (
+        cfg.replace(batch_size=10**9)
+        if what == "batch_size"
+        else cfg.replace(model_overrides={**cfg.model_overrides, "dim": 10**8})
+    )
 
     def no_preparation(*args, **kwargs):
         raise AssertionError("the data was prepared before the step's memory was checked")

@@ -14,8 +14,10 @@ from elmo_jax.textio import TextEncodingError
 
 # Every hard case of line splitting: a byte-order mark, blank and whitespace-only lines,
 # CRLF, multi-byte UTF-8 (2, 3 and 4 bytes), a tab, a run of blank lines, no final newline.
-TRICKY = ("\ufeffthe cat sat .\n\n   \r\nle  café  \tnoir\r\n日本語 の 文\n\n\n"
-          "emoji 🙂 ok\r\n\r\nx\nlast line without newline").encode("utf-8")
+TRICKY = (
+    "\ufeffthe cat sat .\n\n   \r\nle  café  \tnoir\r\n日本語 の 文\n\n\n"
+    "emoji 🙂 ok\r\n\r\nx\nlast line without newline"
+).encode("utf-8")
 
 
 def _reference(data: bytes) -> tuple[bytes, int, int]:
@@ -76,8 +78,23 @@ def test_text_taken_as_it_is_is_exactly_the_normalized_text():
         ch = chr(code)
         for text in ("a" + ch + "b", ch + "a\nb"):
             assert text_shards._is_normal(text) == normal(text), hex(code)
-    for text in ["a", "a b\nc", "", "\n\n", " ", "a  b", " a", "a ", "a\n b", "a \nb", "a\tb", "a\r\nb",
-                 "a\u3000b", "a\u00a0b", "x\n\ny z\n"]:
+    for text in [
+        "a",
+        "a b\nc",
+        "",
+        "\n\n",
+        " ",
+        "a  b",
+        " a",
+        "a ",
+        "a\n b",
+        "a \nb",
+        "a\tb",
+        "a\r\nb",
+        "a\u3000b",
+        "a\u00a0b",
+        "x\n\ny z\n",
+    ]:
         assert text_shards._is_normal(text) == normal(text), repr(text)
 
 
@@ -130,8 +147,11 @@ def test_parallel_preparation_is_the_one_process_dataset(corpus, one_process, tm
     n = len(shards)
     assert n > 4
     assert shards == [f"elmo_local_text-train.array_record-{i:05d}-of-{n:05d}" for i in range(n)]
-    assert sorted(set(os.listdir(folder)) - set(shards)) == \
-        ["dataset_info.json", "elmo_jax_ready.json", "features.json"]
+    assert sorted(set(os.listdir(folder)) - set(shards)) == [
+        "dataset_info.json",
+        "elmo_jax_ready.json",
+        "features.json",
+    ]
     assert [p.name for p in folder.parent.iterdir()] == [folder.name]
     assert folder.stat().st_mode & 0o777 == Path(one_process.builder.data_dir).stat().st_mode & 0o777
     # TFDS reads it from its own metadata alone.
@@ -241,8 +261,9 @@ def test_what_a_killed_preparation_left_is_removed_by_the_next(corpus, tmp_path,
     import subprocess
     import sys
 
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     final = Path(_parallel(corpus, tmp_path / "tfds", monkeypatch).builder.data_dir)
     shutil.rmtree(final)  # so that the next call prepares again
     host = socket.gethostname().replace("_", "-")
@@ -300,8 +321,11 @@ def test_what_a_killed_one_process_preparation_left_is_removed_by_the_next(tmp_p
 
     text = tmp_path / "t.txt"
     text.write_text("".join(f"w{i} x y\n" for i in range(20)), encoding="utf-8")
-    killed = subprocess.run([sys.executable, "-c", _KILLED_TFDS_PREPARATION, str(text), str(tmp_path / "tfds")],
-                            capture_output=True, text=True)
+    killed = subprocess.run(
+        [sys.executable, "-c", _KILLED_TFDS_PREPARATION, str(text), str(tmp_path / "tfds")],
+        capture_output=True,
+        text=True,
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     leftovers = list((tmp_path / "tfds").rglob("incomplete.*"))
     assert leftovers, "the killed preparation left no incomplete folder: the test does not test anything"

@@ -29,9 +29,16 @@ def test_oracle_vectors_resolve_senses_by_side(corpus):
     lang, sents, labels = corpus
     emb = SS.oracle_embeddings(lang, sents)
     rows = P.probe_table(emb, labels, sentences=sents, class_steps=100)
-    assert [r["view"] for r in rows] == ["layer 0", "layer 1", "layer 1 fwd", "layer 1 bwd",
-                                         "layer 2", "layer 2 fwd", "layer 2 bwd",
-                                         "majority baseline"]
+    assert [r["view"] for r in rows] == [
+        "layer 0",
+        "layer 1",
+        "layer 1 fwd",
+        "layer 1 bwd",
+        "layer 2",
+        "layer 2 fwd",
+        "layer 2 bwd",
+        "majority baseline",
+    ]
     base = _row(rows, "majority baseline")
     full, fwd, bwd = _row(rows, "layer 1"), _row(rows, "layer 1 fwd"), _row(rows, "layer 1 bwd")
     assert full["wsd"] > 0.99 and full["n_wsd_test"] > 100
@@ -139,8 +146,9 @@ def test_explicit_split_and_token_subsets(corpus):
     # flag the test tokens whose form never occurs on the training side (an "unseen" set)
     train_forms = {w for s, t in zip(sents, is_test) if not t for w in s}
     unseen = np.array([w not in train_forms for s in sents for w in s])
-    rows = P.probe_table(emb, labels, sentences=sents, class_steps=100, is_test=is_test,
-                         token_subsets={"unseen": unseen})
+    rows = P.probe_table(
+        emb, labels, sentences=sents, class_steps=100, is_test=is_test, token_subsets={"unseen": unseen}
+    )
     base = _row(rows, "majority baseline")
     assert base["n_class_test"] == int(test_tokens.sum())
     assert base["n_class_test_unseen"] == int((unseen & test_tokens).sum()) > 0

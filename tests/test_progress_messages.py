@@ -25,9 +25,19 @@ def test_embed_reports_the_rate_of_a_few_tokens_in_a_long_run(tmp_path, monkeypa
     src = tmp_path / "in.txt"
     src.write_text("a b c\n" * 4, encoding="utf-8")
     monkeypatch.setattr(Elmo, "random", staticmethod(lambda *a, **k: object()))
-    monkeypatch.setattr(embed_file_module, "embed_file", lambda *a, **k: {
-        "sentences": 4, "tokens": 12, "seconds": 28.6, "devices": 1, "hosts": 1, "resumed_from": None,
-        "output": str(tmp_path / "out.hdf5")})
+    monkeypatch.setattr(
+        embed_file_module,
+        "embed_file",
+        lambda *a, **k: {
+            "sentences": 4,
+            "tokens": 12,
+            "seconds": 28.6,
+            "devices": 1,
+            "hosts": 1,
+            "resumed_from": None,
+            "output": str(tmp_path / "out.hdf5"),
+        },
+    )
     assert main(["embed", str(src), str(tmp_path / "out.hdf5"), "--top", "--preset", "tiny", "--no-progress"]) == 0
     assert "(12 tokens, " in (out := capsys.readouterr().out) and "in 28.6 s: 0.420 tokens/s" in out, out
 

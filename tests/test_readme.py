@@ -51,7 +51,10 @@ print("runs")
 """
     blocks = check.parse_blocks(text)
     assert [(b.line, b.language, b.skip) for b in blocks] == [
-        (3, "python", "downloads a released model"), (7, "bash", None), (15, "python", None)]
+        (3, "python", "downloads a released model"),
+        (7, "bash", None),
+        (15, "python", None),
+    ]
     refused = check.refuse_unmarked(blocks)
     assert len(refused) == 1 and refused[0].startswith("README.md line 7: this block downloads a released model")
     import pytest
@@ -72,16 +75,19 @@ def test_the_docs_pages_are_checked_after_the_readme_in_the_sites_order(tmp_path
     (tmp_path / "docs").mkdir()
     for name in ("a.md", "b.md", "stray.md"):
         (tmp_path / "docs" / name).write_text("x\n", encoding="utf-8")
-    (tmp_path / "mkdocs.yml").write_text("nav:\n  - Start: b.md\n  - Guides:\n      - a.md\n  - Nb: n.ipynb\n",
-                                         encoding="utf-8")
+    (tmp_path / "mkdocs.yml").write_text(
+        "nav:\n  - Start: b.md\n  - Guides:\n      - a.md\n  - Nb: n.ipynb\n", encoding="utf-8"
+    )
     assert check.documents(str(tmp_path)) == ["README.md", "docs/b.md", "docs/a.md", "docs/stray.md"]
 
 
 def test_a_block_repeated_in_a_guide_runs_once_and_errors_name_the_page():
     check = _checker()
     readme = check.parse_blocks("```bash\nls\n```\n\n```python\nprint(1)\n```\n", "README.md")
-    guide = check.parse_blocks("```bash\nls\n```\n\n<!-- readme-check: skip: why -->\n```python\nprint(1)\n```\n"
-                               "\n```bash\nls -l\n```\n", "docs/g.md")
+    guide = check.parse_blocks(
+        "```bash\nls\n```\n\n<!-- readme-check: skip: why -->\n```python\nprint(1)\n```\n\n```bash\nls -l\n```\n",
+        "docs/g.md",
+    )
     blocks = readme + guide
     again = check.repeats(blocks)
     assert {i: b.where for i, b in again.items()} == {2: "README.md line 1"}

@@ -28,7 +28,7 @@ def _batch(B, T, seed=0):
     batch = {}
     for d in ("fwd", "bwd"):
         ids = rng.integers(1, 262, (B, T, C)).astype(np.int32)
-        ids[1, T - 3:] = 0  # a row that ends early: padding tokens
+        ids[1, T - 3 :] = 0  # a row that ends early: padding tokens
         batch[f"{d}_char_ids"] = jnp.asarray(ids)
         batch[f"{d}_targets"] = jnp.asarray(rng.integers(0, VOCAB, (B, T)), jnp.int32)
         batch[f"{d}_mask"] = jnp.asarray(ids[..., 0] > 0, jnp.float32)
@@ -80,8 +80,17 @@ def test_loss_and_gradients_equal_the_unrematerialised_step():
     state = jax.tree.map(lambda s: s + 0.1, zero_state(TINY, B))  # a carried, non-zero state
 
     def objective(p, k):
-        return lm_losses(p, TINY, batch, state, loss_fn, sample_rng=jax.random.key(1),
-                         dropout_rng=jax.random.key(2), dropout_rate=0.1, remat_steps=k)
+        return lm_losses(
+            p,
+            TINY,
+            batch,
+            state,
+            loss_fn,
+            sample_rng=jax.random.key(1),
+            dropout_rng=jax.random.key(2),
+            dropout_rate=0.1,
+            remat_steps=k,
+        )
 
     vg = jax.jit(jax.value_and_grad(objective, has_aux=True), static_argnums=1)
     (l0, (s0, m0)), g0 = vg(params, 0)
@@ -102,8 +111,9 @@ def test_remat_keeps_training_memory_nearly_flat_in_the_window_length():
 
     def temp_mb(T, k):
         batch = jax.eval_shape(lambda: _batch(B, T))
-        step = jax.jit(functools.partial(train_step, config=TINY, optimizer=opt, loss_fn=loss_fn,
-                                         dropout_rate=0.1, remat_steps=k))
+        step = jax.jit(
+            functools.partial(train_step, config=TINY, optimizer=opt, loss_fn=loss_fn, dropout_rate=0.1, remat_steps=k)
+        )
         return step.lower(state, lstm_state, batch, key, key).compile().memory_analysis().temp_size_in_bytes / 2**20
 
     plain_128, remat_16, remat_128 = temp_mb(128, 0), temp_mb(16, 8), temp_mb(128, 8)

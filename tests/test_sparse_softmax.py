@@ -59,7 +59,9 @@ def test_sparse_adagrad_equals_dense_over_50_steps(remat_steps):
     w0 = np.asarray(state0["params"]["softmax"]["w"])
     touched = np.zeros(len(vocab), bool)
     for i, b in enumerate(batches):
-        touched[np.asarray(touched_rows(jax.random.key(i), b, negatives, len(vocab)))[:-1].clip(0, len(vocab) - 1)] = True
+        touched[np.asarray(touched_rows(jax.random.key(i), b, negatives, len(vocab)))[:-1].clip(0, len(vocab) - 1)] = (
+            True
+        )
     np.testing.assert_array_equal(ss["params"]["softmax"]["w"][~touched], w0[~touched])
 
 
@@ -69,7 +71,7 @@ def test_touched_rows_are_sorted_unique_and_padded():
     assert rows.shape == (2 * 4 + 6,)
     real = rows[rows < 1000]
     assert list(real) == sorted(set(real)) and {1, 2, 5, 7} <= set(real)
-    assert np.all(rows[len(real):] == 1000)
+    assert np.all(rows[len(real) :] == 1000)
 
 
 def test_sparse_needs_adagrad():
@@ -115,8 +117,9 @@ PARALLEL = textwrap.dedent(
 
 @pytest.mark.slow
 def test_sparse_update_over_four_devices_equals_one_dense_device():
-    proc = subprocess.run([sys.executable, "-c", PARALLEL], env=device_env(4), capture_output=True, text=True,
-                          timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-c", PARALLEL], env=device_env(4), capture_output=True, text=True, timeout=600
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["pmap"] <= 1e-5 and out["mesh"] <= 1e-5, out

@@ -18,9 +18,16 @@ import pytest
 
 from tests.conftest import REPO, wait_for
 
-MICRO_TRAIN = [f"--config.model_overrides.{k}={v}" for k, v in
-               {"dim": "16", "projection_dim": "8", "embedding_dim": "4", "filters": "[[1,8],[2,8]]",
-                "n_highway": "1"}.items()] + ["--config.batch_size=2", "--config.unroll_steps=4"]
+MICRO_TRAIN = [
+    f"--config.model_overrides.{k}={v}"
+    for k, v in {
+        "dim": "16",
+        "projection_dim": "8",
+        "embedding_dim": "4",
+        "filters": "[[1,8],[2,8]]",
+        "n_highway": "1",
+    }.items()
+] + ["--config.batch_size=2", "--config.unroll_steps=4"]
 
 
 def _mapped(pid: int, name: str) -> bool:
@@ -58,14 +65,28 @@ def _assert_one_line_stop(status, err, sig, program):
 
 
 _PROGRAMS = {
-    "train.py": ([sys.executable, str(REPO / "train.py"), "--workdir", "run", "--no-progress",
-                  "--config.max_steps=2", *MICRO_TRAIN], "elmo-jax train"),
-    "elmo-jax demo": ([sys.executable, "-c", "import sys; from elmo_jax.cli import entry; sys.argv[0] = 'elmo-jax'; "
-                       "entry()", "demo"], "elmo-jax demo"),
+    "train.py": (
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "--workdir",
+            "run",
+            "--no-progress",
+            "--config.max_steps=2",
+            *MICRO_TRAIN,
+        ],
+        "elmo-jax train",
+    ),
+    "elmo-jax demo": (
+        [sys.executable, "-c", "import sys; from elmo_jax.cli import entry; sys.argv[0] = 'elmo-jax'; entry()", "demo"],
+        "elmo-jax demo",
+    ),
     "finetune_heads": ([sys.executable, str(REPO / "examples" / "finetune_heads.py"), "--quick"], "finetune_heads"),
     "flax_tagger": ([sys.executable, str(REPO / "examples" / "flax_tagger.py"), "--quick"], "flax_tagger"),
-    "bench_embed": ([sys.executable, str(REPO / "examples" / "bench_embed.py"), "--presets", "tiny", "--batches", "1"],
-                    "bench_embed"),
+    "bench_embed": (
+        [sys.executable, str(REPO / "examples" / "bench_embed.py"), "--presets", "tiny", "--batches", "1"],
+        "bench_embed",
+    ),
 }
 
 
@@ -109,8 +130,9 @@ def test_sigterm_while_embedding_a_group_stops_it_at_once_with_143_and_resumes(t
     assert main(cmd) == 143
     err = capsys.readouterr().err.strip().splitlines()
     assert calls == ["called", "called"]
-    assert len(err) == 1 and err[0].startswith("elmo-jax embed: stopped by SIGTERM after line 8 of 24; the partial "
-                                               "output is kept in"), err
+    assert len(err) == 1 and err[0].startswith(
+        "elmo-jax embed: stopped by SIGTERM after line 8 of 24; the partial output is kept in"
+    ), err
     monkeypatch.setattr(Elmo, "embed", original)
     assert main(cmd) == 0 and out.exists()
     assert "resuming from line 9" in capsys.readouterr().err
@@ -156,12 +178,24 @@ def test_ctrl_c_while_a_pool_starts_a_worker_stops_every_worker(tmp_path):
     announce = tmp_path / "announce"
     announce.mkdir()
     env = {**os.environ, "ELMO_JAX_TEST_ANNOUNCE": str(announce), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
-        wait_for("a worker's task and the second worker's start",
-                 lambda: {"between"} <= {p.name for p in announce.iterdir()} and
-                 any(p.name.isdigit() for p in announce.iterdir()), [proc], timeout_s=300)
+        wait_for(
+            "a worker's task and the second worker's start",
+            lambda: (
+                {"between"} <= {p.name for p in announce.iterdir()}
+                and any(p.name.isdigit() for p in announce.iterdir())
+            ),
+            [proc],
+            timeout_s=300,
+        )
         below = _descendants(proc.pid)
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
@@ -195,11 +229,11 @@ def test_kill_9_during_an_index_build_leaves_no_leaked_semaphore_warning(tmp_pat
     announce = tmp_path / "announce"
     announce.mkdir()
     env = {**os.environ, "ELMO_JAX_TEST_ANNOUNCE": str(announce), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env
+    )
     try:
-        wait_for("a worker's task", lambda: any(p.name.isdigit() for p in announce.iterdir()), [proc],
-                 timeout_s=300)
+        wait_for("a worker's task", lambda: any(p.name.isdigit() for p in announce.iterdir()), [proc], timeout_s=300)
         proc.kill()
         err = proc.stderr.read()  # to its end: when the tracker, which shares it, has ended too
     finally:
@@ -240,4 +274,5 @@ def test_a_stopped_process_of_a_multi_process_embed_says_where_in_one_line(monke
         cli._run_in_process_group("embed", run)
     assert stop.value.code == 143
     assert capsys.readouterr().err.splitlines() == [
-        "elmo-jax embed (process 0): stopped by SIGTERM after line 8 of 24; the partial output is kept"]
+        "elmo-jax embed (process 0): stopped by SIGTERM after line 8 of 24; the partial output is kept"
+    ]

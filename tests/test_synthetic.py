@@ -45,8 +45,7 @@ def test_same_seed_gives_byte_identical_files_and_other_seed_differs(tmp_path):
     SC.write_corpus(tmp_path / "b", seed=7, **SMALL)
     SC.write_corpus(tmp_path / "c", seed=8, **SMALL)
     names = sorted(p.name for p in (tmp_path / "a").iterdir())
-    assert names == ["heldout.labels.jsonl", "heldout.txt", "stats.json", "train.labels.jsonl",
-                     "train.txt"]
+    assert names == ["heldout.labels.jsonl", "heldout.txt", "stats.json", "train.labels.jsonl", "train.txt"]
     for name in names:
         assert (tmp_path / "a" / name).read_bytes() == (tmp_path / "b" / name).read_bytes(), name
     train_a = (tmp_path / "a" / "train.txt").read_bytes()
@@ -99,20 +98,17 @@ def test_batched_and_single_scoring_agree(lang):
 
 def test_probabilities_of_all_sentences_sum_to_one():
     language = S.random_language(5, n_states=3, n_words=3, end_prob=0.4, max_len=6)
-    sents = [[language.vocab[i] for i in seq]
-             for n in range(1, 7) for seq in itertools.product(range(3), repeat=n)]
+    sents = [[language.vocab[i] for i in seq] for n in range(1, 7) for seq in itertools.product(range(3), repeat=n)]
     total = np.exp(language.log_probs(sents)).sum()
     assert total == pytest.approx(1.0, abs=1e-12)
     # without a length limit the same sentences hold P(len <= 6)
     free = S.random_language(5, n_states=3, n_words=3, end_prob=0.4)
-    assert np.exp(free.log_probs(sents)).sum() == pytest.approx(
-        free.length_distribution(6).sum(), abs=1e-12)
+    assert np.exp(free.log_probs(sents)).sum() == pytest.approx(free.length_distribution(6).sum(), abs=1e-12)
 
 
 def test_sampler_and_scorer_describe_the_same_distribution():
     language = S.random_language(11, n_states=3, n_words=3, end_prob=0.45, max_len=5)
-    sents = [[language.vocab[i] for i in seq]
-             for n in range(1, 6) for seq in itertools.product(range(3), repeat=n)]
+    sents = [[language.vocab[i] for i in seq] for n in range(1, 6) for seq in itertools.product(range(3), repeat=n)]
     p = np.exp(language.log_probs(sents))
     entropy = float(-(p * np.log(p)).sum())
     rng = np.random.default_rng(0)
@@ -236,15 +232,18 @@ def test_load_corpus_round_trip(tmp_path):
     assert len(held) == SMALL["n_heldout"]
 
 
-@pytest.mark.parametrize("kwargs, exc, name", [
-    (dict(seed=-1), ValueError, "seed"),
-    (dict(seed=1.5), TypeError, "seed"),
-    (dict(seed="3"), TypeError, "seed"),
-    (dict(seed=True), TypeError, "seed"),
-    (dict(n_train=0), ValueError, "n_train"),
-    (dict(n_train=2.0), TypeError, "n_train"),
-    (dict(n_heldout=-5), ValueError, "n_heldout"),
-])
+@pytest.mark.parametrize(
+    "kwargs, exc, name",
+    [
+        (dict(seed=-1), ValueError, "seed"),
+        (dict(seed=1.5), TypeError, "seed"),
+        (dict(seed="3"), TypeError, "seed"),
+        (dict(seed=True), TypeError, "seed"),
+        (dict(n_train=0), ValueError, "n_train"),
+        (dict(n_train=2.0), TypeError, "n_train"),
+        (dict(n_heldout=-5), ValueError, "n_heldout"),
+    ],
+)
 def test_bad_arguments_are_named(tmp_path, kwargs, exc, name):
     args = dict(SMALL, **kwargs)
     with pytest.raises(exc, match=name):
@@ -294,8 +293,7 @@ def test_failure_leaves_nothing_behind(tmp_path, monkeypatch):
 def test_corpus_command(tmp_path, capsys):
     parser = argparse.ArgumentParser(prog="elmo-jax")
     SC.add_corpus_command(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(["corpus", str(tmp_path / "c"), "--seed", "3", "--n-train", "200",
-                              "--n-heldout", "30"])
+    args = parser.parse_args(["corpus", str(tmp_path / "c"), "--seed", "3", "--n-train", "200", "--n-heldout", "30"])
     assert args.func(args) == 0
     out = capsys.readouterr().out
     assert "optimum" in out and "bigram" in out and "unigram" in out
@@ -322,9 +320,15 @@ def test_domain_b_shifts_vocabulary_and_senses_and_leaves_domain_a_alone(lang, t
 
     assert money_share(lang) > 0.45 and money_share(b) < 0.3  # 0.55 in domain a, 0.2 in b
     # The most frequent nouns differ: the Zipf ranks are reshuffled.
-    top = {name: Counter(w for s in SS.sample_corpus(lg, 2000, np.random.default_rng(1))[0] for w in s
-                         if lg.lemmas.get(w) and not w.endswith("s")).most_common(10)
-           for name, lg in (("a", lang), ("b", b))}
+    top = {
+        name: Counter(
+            w
+            for s in SS.sample_corpus(lg, 2000, np.random.default_rng(1))[0]
+            for w in s
+            if lg.lemmas.get(w) and not w.endswith("s")
+        ).most_common(10)
+        for name, lg in (("a", lang), ("b", b))
+    }
     assert len({w for w, _ in top["a"]} & {w for w, _ in top["b"]}) < 5
     stats = SC.write_corpus(tmp_path / "b", domain="b", **SMALL)
     assert stats["domain"] == "b" and "domain" not in SC.write_corpus(tmp_path / "a", **SMALL)

@@ -193,7 +193,9 @@ def test_training_reads_its_index_made_once_and_logs_its_wait_for_data(tmp_path)
     logs.clear()
     train(_cfg(tmp_path, max_steps=5, checkpoint_every=3), str(tmp_path / "run"), progress=False, log=logs.append)
     assert any("resuming from" in line for line in logs) and not any("indexing" in line for line in logs)
-    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()]
+    records = [
+        json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text(encoding="utf-8").splitlines()
+    ]
     waits = [r["data_wait"] for r in records if r["kind"] == "train"]
     assert len(waits) == 5 and all(0.0 <= w <= 1.0 for w in waits)
 
@@ -222,8 +224,9 @@ def test_a_killed_builds_leftovers_are_removed_and_bad_arguments_named(data, tmp
     import sys
 
     source, _, _ = data
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
-                          text=True).stdout.strip()
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    ).stdout.strip()
     host = socket.gethostname().replace("_", "-")
     stale = tmp_path / f".index.building_{host}_{dead}_abc.tmp"
     stale.mkdir()

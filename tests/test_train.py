@@ -16,8 +16,14 @@ from elmo_jax.train.stop import EXIT_STOPPED
 from tests.conftest import train_steps_logged, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
-MICRO = {"dim": 16, "projection_dim": 8, "embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]],
-         "n_highway": 1, "max_characters_per_token": 12}
+MICRO = {
+    "dim": 16,
+    "projection_dim": 8,
+    "embedding_dim": 4,
+    "filters": [[1, 8], [2, 8], [3, 16]],
+    "n_highway": 1,
+    "max_characters_per_token": 12,
+}
 
 
 def _corpus(tmp_path, n=60, name="train.txt", seed=0):
@@ -30,9 +36,21 @@ def _corpus(tmp_path, n=60, name="train.txt", seed=0):
 
 
 def _cfg(tmp_path, **kw):
-    base = dict(model="tiny", model_overrides=MICRO, data=_corpus(tmp_path), heldout=None, batch_size=4,
-                unroll_steps=5, num_negatives=4, epochs=1, max_steps=6, log_every=1, checkpoint_every=3,
-                dropout=0.1, data_dir=str(tmp_path / "tfds"))
+    base = dict(
+        model="tiny",
+        model_overrides=MICRO,
+        data=_corpus(tmp_path),
+        heldout=None,
+        batch_size=4,
+        unroll_steps=5,
+        num_negatives=4,
+        epochs=1,
+        max_steps=6,
+        log_every=1,
+        checkpoint_every=3,
+        dropout=0.1,
+        data_dir=str(tmp_path / "tfds"),
+    )
     base.update(kw)
     return TrainConfig(**base)
 
@@ -49,14 +67,32 @@ def test_reference_smoke_test_perplexity_below_20(bilm_fixtures, tmp_path):
     workdir = tmp_path / "run"
     workdir.mkdir()
     # The trainer's test passes its own vocabulary file.
-    (workdir / "vocab.txt").write_text((bilm_fixtures / "train" / "vocab.txt").read_text(encoding="utf-8"), encoding="utf-8")
+    (workdir / "vocab.txt").write_text(
+        (bilm_fixtures / "train" / "vocab.txt").read_text(encoding="utf-8"), encoding="utf-8"
+    )
     cfg = TrainConfig(
         model="tiny",
-        model_overrides={"dim": 16, "projection_dim": 8, "embedding_dim": 4, "activation": "tanh",
-                         "filters": [[1, 8], [2, 8], [3, 16], [4, 32], [5, 64]], "n_highway": 1,
-                         "max_characters_per_token": 10, "n_layers": 2},
-        data=data, heldout=data, data_dir=str(tmp_path / "tfds"), batch_size=2, unroll_steps=10,
-        num_negatives=16, epochs=50, clip_norm=1.0, dropout=0.1, log_every=50, checkpoint_every=10_000,
+        model_overrides={
+            "dim": 16,
+            "projection_dim": 8,
+            "embedding_dim": 4,
+            "activation": "tanh",
+            "filters": [[1, 8], [2, 8], [3, 16], [4, 32], [5, 64]],
+            "n_highway": 1,
+            "max_characters_per_token": 10,
+            "n_layers": 2,
+        },
+        data=data,
+        heldout=data,
+        data_dir=str(tmp_path / "tfds"),
+        batch_size=2,
+        unroll_steps=10,
+        num_negatives=16,
+        epochs=50,
+        clip_norm=1.0,
+        dropout=0.1,
+        log_every=50,
+        checkpoint_every=10_000,
     )
     summary = train(cfg, str(workdir), progress=False)
     assert summary["eval"]["perplexity"] < 20, summary["eval"]
@@ -93,8 +129,11 @@ def test_nan_loss_stops_and_names_only_checkpoints_that_are_good(tmp_path):
     that step already holds diverged parameters (here after one update at a huge rate, while
     the logged loss of step 1 was finite) and must not be called good."""
     cfg = _cfg(tmp_path, optimizer="adam", learning_rate=1e30, max_steps=12, checkpoint_every=1, log_every=1)
-    with pytest.raises(TrainingError, match=r"the loss became nan at step 2; stopping without saving \(no good "
-                                            r"checkpoint was written; \S+/checkpoints/1 already holds the diverged"):
+    with pytest.raises(
+        TrainingError,
+        match=r"the loss became nan at step 2; stopping without saving \(no good "
+        r"checkpoint was written; \S+/checkpoints/1 already holds the diverged",
+    ):
         train(cfg, str(tmp_path / "run"), progress=False)
 
 
@@ -125,11 +164,23 @@ def test_unwritable_workdir_and_empty_corpus(tmp_path):
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, checkpoint_every):
     workdir = tmp_path / "run"
     corpus = _corpus(tmp_path, n=400)
-    cmd = [sys.executable, str(REPO / "train.py"), "--workdir", str(workdir), "--no-progress",
-           "--config.model_overrides.dim=16", "--config.model_overrides.projection_dim=8",
-           "--config.model_overrides.filters=[[1,8],[2,8]]", f"--config.data={corpus}",
-           f"--config.data_dir={tmp_path / 'tfds'}", "--config.batch_size=4", "--config.unroll_steps=5",
-           "--config.epochs=1000", f"--config.checkpoint_every={checkpoint_every}", "--config.log_every=1"]
+    cmd = [
+        sys.executable,
+        str(REPO / "train.py"),
+        "--workdir",
+        str(workdir),
+        "--no-progress",
+        "--config.model_overrides.dim=16",
+        "--config.model_overrides.projection_dim=8",
+        "--config.model_overrides.filters=[[1,8],[2,8]]",
+        f"--config.data={corpus}",
+        f"--config.data_dir={tmp_path / 'tfds'}",
+        "--config.batch_size=4",
+        "--config.unroll_steps=5",
+        "--config.epochs=1000",
+        f"--config.checkpoint_every={checkpoint_every}",
+        "--config.log_every=1",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # The event: step 3 done (the run writes its train record; log_every=1), however long
     # start-up takes on a loaded machine.
@@ -147,11 +198,22 @@ def test_signal_during_start_up_compilation_exits_130_with_one_line(tmp_path):
     initialisation, then the step) ends it at once with status 130 and one line: no
     traceback, no 'Fatal Python error: Segmentation fault' (exit -11) as before."""
     workdir = tmp_path / "run"
-    cmd = [sys.executable, "-u", str(REPO / "train.py"), "--workdir", str(workdir), "--no-progress",
-           "--config.model_overrides.dim=16", "--config.model_overrides.projection_dim=8",
-           "--config.model_overrides.filters=[[1,8],[2,8]]", f"--config.data={_corpus(tmp_path, n=40)}",
-           f"--config.data_dir={tmp_path / 'tfds'}", "--config.batch_size=4", "--config.unroll_steps=5",
-           "--config.max_steps=50"]
+    cmd = [
+        sys.executable,
+        "-u",
+        str(REPO / "train.py"),
+        "--workdir",
+        str(workdir),
+        "--no-progress",
+        "--config.model_overrides.dim=16",
+        "--config.model_overrides.projection_dim=8",
+        "--config.model_overrides.filters=[[1,8],[2,8]]",
+        f"--config.data={_corpus(tmp_path, n=40)}",
+        f"--config.data_dir={tmp_path / 'tfds'}",
+        "--config.batch_size=4",
+        "--config.unroll_steps=5",
+        "--config.max_steps=50",
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stdout:  # the event: the loss is chosen, compilation starts next
@@ -373,8 +435,16 @@ def test_report_uses_the_optimum_of_the_models_vocabulary(tmp_path):
     ev = {"perplexity": 50.0, "fwd_perplexity": 50.0, "bwd_perplexity": 50.0}
 
     def report(vocab):
-        return synthetic_report(str(tmp_path / "corpus"), elmo.params, elmo.config, ev, max_sentences=20,
-                                max_probe_train=20, vocab=vocab, progress=False)
+        return synthetic_report(
+            str(tmp_path / "corpus"),
+            elmo.params,
+            elmo.config,
+            ev,
+            max_sentences=20,
+            max_probe_train=20,
+            vocab=vocab,
+            progress=False,
+        )
 
     full = report(["<S>", "</S>", "<UNK>", *train_words])
     cut = report(["<S>", "</S>", "<UNK>", *train_words[:10]])
@@ -384,8 +454,16 @@ def test_report_uses_the_optimum_of_the_models_vocabulary(tmp_path):
 
 
 def test_synthetic_data_refuses_another_heldout_set_for_a_new_run(tmp_path):
-    cfg = TrainConfig(model="tiny", model_overrides=MICRO, corpus_size=50, heldout=_corpus(tmp_path),
-                      max_steps=1, batch_size=2, unroll_steps=5, num_negatives=4)
+    cfg = TrainConfig(
+        model="tiny",
+        model_overrides=MICRO,
+        corpus_size=50,
+        heldout=_corpus(tmp_path),
+        max_steps=1,
+        batch_size=2,
+        unroll_steps=5,
+        num_negatives=4,
+    )
     with pytest.raises(TrainingError, match="heldout cannot be set with it"):
         train(cfg, str(tmp_path / "run"), progress=False)
     assert not (tmp_path / "run" / "corpus").exists()  # refused before anything is written
@@ -402,12 +480,26 @@ def test_a_short_run_pays_only_short_probes(monkeypatch):
 
     assert report.probe_sizes(5 * 32) == {"max_sentences": 200, "max_probe_train": 200}
     assert report.probe_sizes(1000) == {"max_sentences": 1000, "max_probe_train": 1000}
-    assert report.probe_sizes(2670 * 32) == {"max_sentences": report.PROBE_TEST_SENTENCES,
-                                             "max_probe_train": report.PROBE_TRAIN_SENTENCES}
+    assert report.probe_sizes(2670 * 32) == {
+        "max_sentences": report.PROBE_TEST_SENTENCES,
+        "max_probe_train": report.PROBE_TRAIN_SENTENCES,
+    }
     asked = {}
-    monkeypatch.setattr(loop, "train", lambda cfg, workdir, **k: {
-        "step": 5, "start_step": 0, "global_batch": 32, "interrupted": None, "corpus_dir": "corpus",
-        "params": {"bilm": None}, "model_config": None, "eval": None, "vocab": argparse.Namespace(tokens=[])})
+    monkeypatch.setattr(
+        loop,
+        "train",
+        lambda cfg, workdir, **k: {
+            "step": 5,
+            "start_step": 0,
+            "global_batch": 32,
+            "interrupted": None,
+            "corpus_dir": "corpus",
+            "params": {"bilm": None},
+            "model_config": None,
+            "eval": None,
+            "vocab": argparse.Namespace(tokens=[]),
+        },
+    )
     monkeypatch.setattr(report, "synthetic_report", lambda *a, **k: asked.update(k) or "report")
     args = argparse.Namespace(workdir="unused", no_progress=True)
     assert cli._train_run(args, TrainConfig(max_steps=5)) == 0

@@ -1,11 +1,9 @@
 """Vocabulary: building, the original file format, bad files."""
 
-
 import numpy as np
 import pytest
 
 from elmo_jax.data.vocab import Vocabulary
-
 
 
 def test_build_orders_specials_then_frequency_ties_by_first_occurrence():

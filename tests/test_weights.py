@@ -80,16 +80,22 @@ def test_a_projection_the_byte_options_leave_out_is_named_as_such(tmp_path):
     save_weights(jax.tree.map(np.asarray, init_params(jax.random.key(0), cfg)), cfg, tmp_path / "w.hdf5")
     options = cfg.to_options()
     options["lstm"]["projection_dim"] = cfg.char_cnn.n_filters  # 128: the file's W_proj is [128, 32]
-    with pytest.raises(ElmoError, match=r"holds CNN_proj/W_proj, CNN_proj/b_proj.*filters' sum the width of "
-                                        r"lstm.projection_dim"):
+    with pytest.raises(
+        ElmoError,
+        match=r"holds CNN_proj/W_proj, CNN_proj/b_proj.*filters' sum the width of "
+        r"lstm.projection_dim",
+    ):
         load_weights(tmp_path / "w.hdf5", ElmoConfig.from_options(options))
 
 
-@pytest.mark.parametrize("mutate, named", [
-    (lambda o: o["lstm"].update(n_layers=1), "RNN_0/RNN/MultiRNNCell/Cell1/LSTMCell/B"),
-    (lambda o: o["char_cnn"].pop("n_highway"), "CNN_high_0/W_carry"),
-    (lambda o: o["char_cnn"].update(filters=o["char_cnn"]["filters"][:-1]), "CNN/W_cnn_3"),
-])
+@pytest.mark.parametrize(
+    "mutate, named",
+    [
+        (lambda o: o["lstm"].update(n_layers=1), "RNN_0/RNN/MultiRNNCell/Cell1/LSTMCell/B"),
+        (lambda o: o["char_cnn"].pop("n_highway"), "CNN_high_0/W_carry"),
+        (lambda o: o["char_cnn"].update(filters=o["char_cnn"]["filters"][:-1]), "CNN/W_cnn_3"),
+    ],
+)
 def test_weights_the_options_leave_out_are_refused_not_dropped(tmp_path, mutate, named):
     """Options describing fewer layers or filters than the file holds would load and give
     wrong vectors with no warning; the loader names what the options leave out."""

@@ -9,8 +9,14 @@ import pytest
 from elmo_jax import Elmo
 from elmo_jax.errors import ElmoError
 
-MICRO = {"dim": 16, "projection_dim": 8, "embedding_dim": 4, "filters": [[1, 8], [2, 8], [3, 16]],
-         "n_highway": 1, "max_characters_per_token": 12}
+MICRO = {
+    "dim": 16,
+    "projection_dim": 8,
+    "embedding_dim": 4,
+    "filters": [[1, 8], [2, 8], [3, 16]],
+    "n_highway": 1,
+    "max_characters_per_token": 12,
+}
 
 
 @pytest.fixture(scope="module")
@@ -23,11 +29,24 @@ def run(tmp_path_factory):
     rng = np.random.default_rng(0)
     words = ["the", "bank", "river", "money", "she", "went", "to", "a", "of"]
     text = root / "train.txt"
-    text.write_text("\n".join(" ".join(rng.choice(words, size=rng.integers(1, 8))) for _ in range(40)) + "\n",
-                    encoding="utf-8")
-    cfg = TrainConfig(model="tiny", model_overrides=MICRO, data=str(text), heldout=None, batch_size=4,
-                      unroll_steps=5, num_negatives=4, epochs=5, max_steps=3, log_every=1,
-                      checkpoint_every=2, dropout=0.1, data_dir=str(root / "tfds"))
+    text.write_text(
+        "\n".join(" ".join(rng.choice(words, size=rng.integers(1, 8))) for _ in range(40)) + "\n", encoding="utf-8"
+    )
+    cfg = TrainConfig(
+        model="tiny",
+        model_overrides=MICRO,
+        data=str(text),
+        heldout=None,
+        batch_size=4,
+        unroll_steps=5,
+        num_negatives=4,
+        epochs=5,
+        max_steps=3,
+        log_every=1,
+        checkpoint_every=2,
+        dropout=0.1,
+        data_dir=str(root / "tfds"),
+    )
     train(cfg, str(root / "run"), progress=False)
     return root / "run"
 
@@ -64,8 +83,20 @@ def test_workdir_on_the_command_line_and_without_checkpoint(run, tmp_path, monke
 
     monkeypatch.setenv("ELMO_JAX_HOME", str(tmp_path / "cache"))
     (tmp_path / "in.txt").write_text("the bank of the river\nshe went\n", encoding="utf-8")
-    assert main(["embed", str(tmp_path / "in.txt"), str(tmp_path / "out.hdf5"), "--top", "--model", str(run),
-                 "--no-progress"]) == 0
+    assert (
+        main(
+            [
+                "embed",
+                str(tmp_path / "in.txt"),
+                str(tmp_path / "out.hdf5"),
+                "--top",
+                "--model",
+                str(run),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     assert os.path.exists(tmp_path / "out.hdf5")
     # A workdir whose start wrote no checkpoint yet: the error says what to do.
     empty = tmp_path / "empty"

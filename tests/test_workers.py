@@ -54,8 +54,6 @@ _TRAINER = textwrap.dedent("""\
 """)
 
 
-
-
 class _Sentences:
     """A picklable sentence source of ``n`` two-word sentences (no TFDS, no file)."""
 
@@ -145,8 +143,9 @@ def _assert_all_end(pids, what, timeout_s=30.0):
 def _started(cmd, announce, what):
     """Start ``cmd`` in its own session; return it once one of its workers runs its task."""
     env = {**os.environ, ANNOUNCE: str(announce), "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, start_new_session=True
+    )
 
     def announced():
         if proc.poll() is not None:
@@ -178,17 +177,32 @@ def _trainer(tmp_path, stage, n_sentences):
     rng = np.random.default_rng(0)
     words = ["the", "bank", "river", "money", "she", "went", "to", "a", "of"]
     corpus = tmp_path / "train.txt"
-    corpus.write_text("\n".join(" ".join(rng.choice(words, size=rng.integers(1, 6))) for _ in range(n_sentences))
-                      + "\n", encoding="utf-8")
+    corpus.write_text(
+        "\n".join(" ".join(rng.choice(words, size=rng.integers(1, 6))) for _ in range(n_sentences)) + "\n",
+        encoding="utf-8",
+    )
     script = tmp_path / "trainer.py"
     script.write_text(_TRAINER.format(repo=str(REPO)), encoding="utf-8")
     announce = tmp_path / "announce"
     announce.mkdir()
     micro = {"dim": "16", "projection_dim": "8", "embedding_dim": "4", "filters": "[[1,8],[2,8]]", "n_highway": "1"}
-    cmd = [sys.executable, str(script), stage, "train", "--workdir", str(tmp_path / "run"), "--no-progress",
-           f"--config.data={corpus}", f"--config.data_dir={tmp_path / 'tfds'}", "--config.data_workers=2",
-           "--config.model=tiny", *(f"--config.model_overrides.{k}={v}" for k, v in micro.items()), "--config.batch_size=2",
-           "--config.unroll_steps=4", "--config.max_steps=2"]
+    cmd = [
+        sys.executable,
+        str(script),
+        stage,
+        "train",
+        "--workdir",
+        str(tmp_path / "run"),
+        "--no-progress",
+        f"--config.data={corpus}",
+        f"--config.data_dir={tmp_path / 'tfds'}",
+        "--config.data_workers=2",
+        "--config.model=tiny",
+        *(f"--config.model_overrides.{k}={v}" for k, v in micro.items()),
+        "--config.batch_size=2",
+        "--config.unroll_steps=4",
+        "--config.max_steps=2",
+    ]
     return _started(cmd, announce, f"the trainer ({stage})"), announce
 
 
@@ -231,8 +245,9 @@ def test_ctrl_c_during_an_index_build_leaves_only_the_owners_line(tmp_path):
 
 
 @pytest.mark.slow  # the real trainer, a fresh interpreter each: about 15 s each on 2 loaded cores
-@pytest.mark.parametrize("stage, sig", [("prepare", signal.SIGKILL), ("index", signal.SIGKILL),
-                                        ("index", signal.SIGTERM)])
+@pytest.mark.parametrize(
+    "stage, sig", [("prepare", signal.SIGKILL), ("index", signal.SIGKILL), ("index", signal.SIGTERM)]
+)
 def test_no_worker_outlives_a_trainer_killed_before_its_loop(tmp_path, stage, sig):
     """kill -9 (or SIGTERM: no stop handler before the loop) during text preparation or the
     token index build, data_workers=2: no process of the run is left."""
@@ -259,8 +274,18 @@ def _batcher(workers, log=None):
     from test_batches import _corpus
 
     sents = _corpus(n=90, max_len=25)
-    return LMBatcher(InMemorySource(sents), Vocabulary.build(sents, max_size=30), batch_size=3, unroll_steps=5,
-                     seed=4, num_epochs=2, read_chunk=4, workers=workers, prefetch=2, log=log)
+    return LMBatcher(
+        InMemorySource(sents),
+        Vocabulary.build(sents, max_size=30),
+        batch_size=3,
+        unroll_steps=5,
+        seed=4,
+        num_epochs=2,
+        read_chunk=4,
+        workers=workers,
+        prefetch=2,
+        log=log,
+    )
 
 
 def _pool_pids(batcher):
@@ -313,8 +338,9 @@ def test_workers_that_keep_dying_stop_the_batches_with_one_line():
     from elmo_jax.data.vocab import Vocabulary
 
     logs = []
-    with LMBatcher(_KillsItsReader(), Vocabulary.build([["a"]]), batch_size=2, unroll_steps=3, workers=1,
-                   log=logs.append) as b:
+    with LMBatcher(
+        _KillsItsReader(), Vocabulary.build([["a"]]), batch_size=2, unroll_steps=3, workers=1, log=logs.append
+    ) as b:
         with pytest.raises(DataWorkerError) as info:
             next(b)
         pids = _pool_pids(b)
@@ -360,8 +386,13 @@ _UNGUARDED_TRAIN = textwrap.dedent("""\
 
 
 def _run_unguarded(script):
-    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    run = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert run.returncode != 0
     last = run.stderr.strip().splitlines()[-1]
     assert "DataWorkerError" in last and 'if __name__ == "__main__":' in last and str(script) in last, run.stderr
@@ -381,8 +412,9 @@ def test_a_training_script_without_a_main_guard_is_told_to_add_one(tmp_path):
     corpus = tmp_path / "train.txt"
     corpus.write_text("the bank of the river\nshe went to the bank\n" * 20, encoding="utf-8")
     script = tmp_path / "unguarded.py"
-    script.write_text(_UNGUARDED_TRAIN.format(data=corpus, tfds=tmp_path / "tfds", workdir=str(tmp_path / "run")),
-                      encoding="utf-8")
+    script.write_text(
+        _UNGUARDED_TRAIN.format(data=corpus, tfds=tmp_path / "tfds", workdir=str(tmp_path / "run")), encoding="utf-8"
+    )
     _run_unguarded(script)
     assert not (tmp_path / "run" / "checkpoints").exists()  # no worker trained
 
@@ -400,20 +432,41 @@ def test_a_data_worker_killed_during_training_is_replaced_and_the_losses_are_unc
     from test_train import MICRO, _corpus, _losses
 
     steps = 60  # several epochs of 40 sentences: the workers encode each epoch's chunks anew
-    args = [*(f"--config.model_overrides.{k}={json.dumps(v).replace(' ', '')}" for k, v in MICRO.items()),
-            f"--config.data={_corpus(tmp_path, n=40)}", f"--config.data_dir={tmp_path / 'tfds'}",
-            "--config.batch_size=4", "--config.unroll_steps=5", "--config.num_negatives=4", "--config.epochs=1000",
-            "--config.checkpoint_every=2", "--config.log_every=1", f"--config.max_steps={steps}"]
+    args = [
+        *(f"--config.model_overrides.{k}={json.dumps(v).replace(' ', '')}" for k, v in MICRO.items()),
+        f"--config.data={_corpus(tmp_path, n=40)}",
+        f"--config.data_dir={tmp_path / 'tfds'}",
+        "--config.batch_size=4",
+        "--config.unroll_steps=5",
+        "--config.num_negatives=4",
+        "--config.epochs=1000",
+        "--config.checkpoint_every=2",
+        "--config.log_every=1",
+        f"--config.max_steps={steps}",
+    ]
     cfg, rest = parse_config_args(args + ["--config.data_workers=0"])
     assert not rest
     train(cfg, str(tmp_path / "reference"), progress=False)
     reference = _losses(tmp_path / "reference")
 
     workdir = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, str(REPO / "train.py"), "--workdir", str(workdir), "--no-progress",
-                             *args, "--config.data_workers=2"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            str(REPO / "train.py"),
+            "--workdir",
+            str(workdir),
+            "--no-progress",
+            *args,
+            "--config.data_workers=2",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
+
         def checkpointed():
             assert proc.poll() is None, proc.stdout.read()
             return any(p.name.isdigit() for p in (workdir / "checkpoints").glob("*"))

@@ -15,14 +15,18 @@ from elmo_jax.train.config_loader import apply_overrides, load_config, parse_con
 # Mistyped names get the name meant
 # ==========================================================================================
 
+
 def test_a_mistyped_config_key_gets_the_key_meant():
     cfg = load_config("tiny")
     with pytest.raises(ConfigError, match=r"unknown config key 'max_step' \(did you mean 'max_steps'\?\)"):
         apply_overrides(cfg, ["max_step=5"])
     with pytest.raises(ConfigError, match=r"unknown config key 'learning_rat' \(did you mean 'learning_rate'\?\)"):
         cfg.replace(learning_rat=0.1)
-    with pytest.raises(ConfigError, match=r"unknown model_overrides key 'projection_dims' \(did you mean "
-                                          r"'projection_dim'\?\)"):
+    with pytest.raises(
+        ConfigError,
+        match=r"unknown model_overrides key 'projection_dims' \(did you mean "
+        r"'projection_dim'\?\)",
+    ):
         apply_overrides(cfg, ["model_overrides.projection_dims=8"])
     with pytest.raises(ConfigError, match=r"unknown model_overrides key 'n_layer' \(did you mean 'n_layers'\?\)"):
         apply_overrides(cfg, ["model_overrides={'n_layer': 1}"])
@@ -56,6 +60,7 @@ def test_a_mistyped_option_gets_the_option_meant(tmp_path, capsys):
 # A symlink loop is called one
 # ==========================================================================================
 
+
 def _loop(path):
     path.symlink_to(path.name)  # a link to itself
     return path
@@ -72,8 +77,11 @@ def test_a_symlink_loop_is_named_as_one(tmp_path, capsys):
     two.symlink_to("b")
     (tmp_path / "b").symlink_to("a")  # a -> b -> a
     for path in (loop, two):
-        for call in (lambda p=path: check_writable(str(p)), lambda p=path: scan_input(p, 1, 1),
-                     lambda p=path: hub.resolve_model(str(p))):
+        for call in (
+            lambda p=path: check_writable(str(p)),
+            lambda p=path: scan_input(p, 1, 1),
+            lambda p=path: hub.resolve_model(str(p)),
+        ):
             with pytest.raises(Exception, match=f"{path} is a symbolic link loop .*remove the link") as raised:
                 call()
             assert "File exists" not in str(raised.value) and "is a file" not in str(raised.value)
@@ -86,8 +94,11 @@ def test_a_symlink_loop_is_named_as_one(tmp_path, capsys):
     _loop(run / "checkpoints")
     with pytest.raises(Exception, match=r"checkpoints is a symbolic link loop"):
         Checkpoints(run)
-    for argv in (["train", "--workdir", str(loop), "--config.max_steps=1"], ["export", str(loop), str(tmp_path / "o")],
-                 ["embed", str(loop), str(tmp_path / "o.hdf5"), "--top", "--preset", "tiny"]):
+    for argv in (
+        ["train", "--workdir", str(loop), "--config.max_steps=1"],
+        ["export", str(loop), str(tmp_path / "o")],
+        ["embed", str(loop), str(tmp_path / "o.hdf5"), "--top", "--preset", "tiny"],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert "is a symbolic link loop" in err and len(err.strip().splitlines()) == 1, err
@@ -96,6 +107,7 @@ def test_a_symlink_loop_is_named_as_one(tmp_path, capsys):
 # ==========================================================================================
 # The index rebuild's line does not ask to delete what it rebuilds
 # ==========================================================================================
+
 
 def test_the_index_rebuild_line_does_not_ask_to_delete_the_index(tmp_path):
     from elmo_jax.data.text_source import InMemorySource
@@ -118,6 +130,7 @@ def test_the_index_rebuild_line_does_not_ask_to_delete_the_index(tmp_path):
 # ==========================================================================================
 # A resumed run's checkpoint against a changed config or a re-saved vocab.txt
 # ==========================================================================================
+
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
@@ -215,9 +228,12 @@ def test_a_checkpoint_of_another_model_names_the_array_not_orbax(trained_run):
     optimizer = make_optimizer(cfg.optimizer, cfg.learning_rate, cfg.initial_accumulator, cfg.clip_norm)
     ckpts = Checkpoints(work, create=False)
     meta = ckpts.read_meta(2)
-    template = jax.eval_shape(lambda: (
-        init_train_state(jax.random.key(0), changed.elmo_config(), meta["vocab_size"], optimizer),
-        zero_state(changed.elmo_config(), meta["global_batch"])))
+    template = jax.eval_shape(
+        lambda: (
+            init_train_state(jax.random.key(0), changed.elmo_config(), meta["vocab_size"], optimizer),
+            zero_state(changed.elmo_config(), meta["global_batch"]),
+        )
+    )
     one = jax.sharding.SingleDeviceSharding(jax.devices()[0])
     placed = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=one), template)
     try:

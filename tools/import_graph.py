@@ -23,24 +23,65 @@ from pathlib import Path
 PACKAGE = "elmo_jax"
 MAX_UPWARD = 1  # elmo_jax's lazy Elmo / read_embeddings
 LAYERS = (
-    ("core", ("elmo_jax", "elmo_jax._moved", "elmo_jax.version", "elmo_jax.errors", "elmo_jax.atomic", "elmo_jax.textio",
-              "elmo_jax.storage_echoes", "elmo_jax.chars", "elmo_jax.config", "elmo_jax.lookahead",
-              "elmo_jax.plots", "elmo_jax.embedding.devices", "elmo_jax.train.distributed",
-              "elmo_jax.train.stop")),
+    (
+        "core",
+        (
+            "elmo_jax",
+            "elmo_jax._moved",
+            "elmo_jax.version",
+            "elmo_jax.errors",
+            "elmo_jax.atomic",
+            "elmo_jax.textio",
+            "elmo_jax.storage_echoes",
+            "elmo_jax.chars",
+            "elmo_jax.config",
+            "elmo_jax.lookahead",
+            "elmo_jax.plots",
+            "elmo_jax.embedding.devices",
+            "elmo_jax.train.distributed",
+            "elmo_jax.train.stop",
+        ),
+    ),
     ("model", ("elmo_jax.model",)),
     ("data", ("elmo_jax.data",)),
     ("train engine", ("elmo_jax.train",)),
     # the modules' old paths (before the reshape) first, then the new ones
-    ("formats", ("elmo_jax.weights", "elmo_jax.torch_pickle", "elmo_jax.manylangs", "elmo_jax.workdir_model",
-                 "elmo_jax.train.export", "elmo_jax.formats")),
+    (
+        "formats",
+        (
+            "elmo_jax.weights",
+            "elmo_jax.torch_pickle",
+            "elmo_jax.manylangs",
+            "elmo_jax.workdir_model",
+            "elmo_jax.train.export",
+            "elmo_jax.formats",
+        ),
+    ),
     ("hub", ("elmo_jax.hub",)),
     # elmo_jax.hub itself (its __init__) keeps the old module's names, resolve_model among them
     ("resolver", ("elmo_jax.resolve", "elmo_jax.hub.__init__")),
-    ("embedding", ("elmo_jax.embedder", "elmo_jax.embed_file", "elmo_jax.embed_input", "elmo_jax.embed_layouts",
-                   "elmo_jax.embed_state", "elmo_jax.embeddings_reader", "elmo_jax.embedding")),
-    ("train app", ("elmo_jax.train.loop", "elmo_jax.train.init_from", "elmo_jax.train.report",
-                   "elmo_jax.train.compile_check",
-                   "elmo_jax.probes")),
+    (
+        "embedding",
+        (
+            "elmo_jax.embedder",
+            "elmo_jax.embed_file",
+            "elmo_jax.embed_input",
+            "elmo_jax.embed_layouts",
+            "elmo_jax.embed_state",
+            "elmo_jax.embeddings_reader",
+            "elmo_jax.embedding",
+        ),
+    ),
+    (
+        "train app",
+        (
+            "elmo_jax.train.loop",
+            "elmo_jax.train.init_from",
+            "elmo_jax.train.report",
+            "elmo_jax.train.compile_check",
+            "elmo_jax.probes",
+        ),
+    ),
     ("entry points", ("elmo_jax.cli", "elmo_jax.nnx", "elmo_jax.finetune", "elmo_jax.run_plots")),
 )
 
@@ -53,8 +94,9 @@ def layer_of(module: str) -> int:
     name = module + ".__init__" if module in _PACKAGES else module
     for i, (_, prefixes) in enumerate(LAYERS):
         for p in prefixes:
-            if (name == p or (module.startswith(p + ".") or module == p) and not p.endswith(".__init__")) \
-                    and len(p) > best:
+            if (name == p or (module.startswith(p + ".") or module == p) and not p.endswith(".__init__")) and len(
+                p
+            ) > best:
                 best, level = len(p), i
     if level is None:
         raise SystemExit(f"{module}: in no layer; add it to LAYERS")
@@ -218,8 +260,11 @@ def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", default=str(Path(__file__).resolve().parents[1]))
     ap.add_argument("--trace", nargs="*", metavar="MODEL", help="folders to load with Elmo.load and follow")
-    ap.add_argument("--check", action="store_true",
-                    help="exit 1 if the graph has a circle or more than MAX_UPWARD imports that run up a layer")
+    ap.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 if the graph has a circle or more than MAX_UPWARD imports that run up a layer",
+    )
     args = ap.parse_args(argv)
     root = Path(args.root)
     edges = graph(root)
@@ -235,16 +280,22 @@ def main(argv=None) -> None:
     ups = upward(edges)
     print(f"imports from a lower layer to a higher one: {len(ups)}")
     for m, t, line, lazy in ups:
-        print(f"  {m}:{line} -> {t} ({LAYERS[layer_of(m)][0]} -> {LAYERS[layer_of(t)][0]}"
-              f"{', in a function' if lazy else ''})")
+        print(
+            f"  {m}:{line} -> {t} ({LAYERS[layer_of(m)][0]} -> {LAYERS[layer_of(t)][0]}"
+            f"{', in a function' if lazy else ''})"
+        )
     if args.check and (cs or len(ups) > MAX_UPWARD):
-        raise SystemExit(f"import graph: {len(cs)} circle(s), {len(ups)} upward import(s) (at most {MAX_UPWARD}); "
-                         f"import from a lower layer only, or move the code (LAYERS in {Path(__file__).name})")
+        raise SystemExit(
+            f"import graph: {len(cs)} circle(s), {len(ups)} upward import(s) (at most {MAX_UPWARD}); "
+            f"import from a lower layer only, or move the code (LAYERS in {Path(__file__).name})"
+        )
     for spec in args.trace or ():
         seq, n_up, n_handed, visits = trace_load(root, spec)
-        print(f"Elmo.load({spec!r}): through {len(visits)} files, {len(seq)} entries, {n_up} steps back up a layer "
-              f"(returns included), {n_handed} calls hand it up; "
-              f"entries per file: " + ", ".join(f"{m} {n}" for m, n in sorted(visits.items(), key=lambda kv: -kv[1])))
+        print(
+            f"Elmo.load({spec!r}): through {len(visits)} files, {len(seq)} entries, {n_up} steps back up a layer "
+            f"(returns included), {n_handed} calls hand it up; "
+            f"entries per file: " + ", ".join(f"{m} {n}" for m, n in sorted(visits.items(), key=lambda kv: -kv[1]))
+        )
         print("  " + " > ".join(m.removeprefix(PACKAGE + ".") for m in seq))
 
 

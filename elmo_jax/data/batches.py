@@ -78,8 +78,15 @@ from elmo_jax import chars as chars_lib
 from elmo_jax.data.token_index import TokenIndex
 from elmo_jax.data.vocab import Vocabulary
 
-__all__ = ["LMBatcher", "STATE_VERSION", "ChunkEncoder", "EncodedChunk", "IndexChunkEncoder", "assemble_chunk",
-           "encode_chunk"]
+__all__ = [
+    "LMBatcher",
+    "STATE_VERSION",
+    "ChunkEncoder",
+    "EncodedChunk",
+    "IndexChunkEncoder",
+    "assemble_chunk",
+    "encode_chunk",
+]
 
 STATE_VERSION = 1
 _DIRECTIONS = ("fwd", "bwd")
@@ -137,8 +144,9 @@ class _TokenTable:
                 rows = np.fromiter(map(self.index.__getitem__, tokens), dtype=np.int64, count=len(tokens))
             else:
                 self._add(new)
-                rows[missing] = np.fromiter(map(self.index.__getitem__, missing_tokens), dtype=np.int64,
-                                            count=len(missing_tokens))
+                rows[missing] = np.fromiter(
+                    map(self.index.__getitem__, missing_tokens), dtype=np.int64, count=len(missing_tokens)
+                )
         return self.vocab_ids[rows], self.char_ids[rows]
 
 
@@ -169,8 +177,12 @@ class ChunkEncoder:
         self.marker_chars_2C = marker_chars(self.max_chars)
 
     def __getstate__(self) -> dict:
-        return {"source": self.source, "vocab": self.vocab, "max_chars": self.max_chars,
-                "char_cache_size": self.char_cache_size}
+        return {
+            "source": self.source,
+            "vocab": self.vocab,
+            "max_chars": self.max_chars,
+            "char_cache_size": self.char_cache_size,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.__dict__.update(state)
@@ -207,8 +219,14 @@ class IndexChunkEncoder:
         # A folder index is reopened on the first chunk, not while unpickling, so that a
         # folder gone missing is reported as the worker's error, not as a dead worker.
         index = self.index if self.index.folder is None else None
-        return {"index": index, "folder": self.index.folder, "max_chars": self.max_chars,
-                "vocab_ids_V": self.vocab_ids_V, "bos_id": self.bos_id, "eos_id": self.eos_id}
+        return {
+            "index": index,
+            "folder": self.index.folder,
+            "max_chars": self.max_chars,
+            "vocab_ids_V": self.vocab_ids_V,
+            "bos_id": self.bos_id,
+            "eos_id": self.eos_id,
+        }
 
     def __setstate__(self, state: dict) -> None:
         folder = state.pop("folder")
@@ -223,14 +241,18 @@ class IndexChunkEncoder:
             self._setup()
         lens_n, types = self.index.sentence_types(positions)
         starts, (ids_N, types_N) = assemble_chunk(
-            lens_n, [(self.vocab_ids_V[types], self.bos_id, self.eos_id), (types, self.bos_row, self.eos_row)],
-            reverse)
+            lens_n, [(self.vocab_ids_V[types], self.bos_id, self.eos_id), (types, self.bos_row, self.eos_row)], reverse
+        )
         return EncodedChunk(ids_N, None, starts, types_N)
 
 
 def encode_chunk(
-    sentences: Sequence[Sequence[str]], table: "_TokenTable", bos_id: int, eos_id: int,
-    marker_chars_2C: np.ndarray, reverse: bool,
+    sentences: Sequence[Sequence[str]],
+    table: "_TokenTable",
+    bos_id: int,
+    eos_id: int,
+    marker_chars_2C: np.ndarray,
+    reverse: bool,
 ) -> "EncodedChunk":
     """Sentences -> one :class:`EncodedChunk` (``<S> w1 .. wn </S>`` each, or reversed):
     one token-table lookup for all words of the chunk, then :func:`assemble_chunk`."""
@@ -241,7 +263,8 @@ def encode_chunk(
         word_ids = np.zeros(0, dtype=np.int32)
         word_chars = np.zeros((0, table.max_chars), dtype=np.int16)
     starts, (ids_N, chars_NC) = assemble_chunk(
-        lens_n, [(word_ids, bos_id, eos_id), (word_chars, marker_chars_2C[0], marker_chars_2C[1])], reverse)
+        lens_n, [(word_ids, bos_id, eos_id), (word_chars, marker_chars_2C[0], marker_chars_2C[1])], reverse
+    )
     return EncodedChunk(ids_N, chars_NC, starts)
 
 
@@ -285,8 +308,9 @@ class EncodedChunk:
 
     __slots__ = ("ids_N", "chars_NC", "types_N", "starts", "lengths_n", "lengths")
 
-    def __init__(self, ids_N: np.ndarray, chars_NC: np.ndarray | None, starts: np.ndarray,
-                 types_N: np.ndarray | None = None):
+    def __init__(
+        self, ids_N: np.ndarray, chars_NC: np.ndarray | None, starts: np.ndarray, types_N: np.ndarray | None = None
+    ):
         self.ids_N, self.chars_NC, self.starts, self.types_N = ids_N, chars_NC, starts, types_N
         self.lengths_n = np.diff(starts)
         self.lengths = self.lengths_n.tolist()  # Python ints: read one at a time
@@ -349,8 +373,9 @@ class _Stream:
             n_chunks = -(-len(self.order) // self.o.read_chunk)
             for ahead in range(c + 1, min(c + 1 + provider.lookahead, n_chunks)):
                 if ahead not in self._chunks:
-                    provider.prefetch((self.epoch, self.direction, ahead), self._chunk_positions(ahead),
-                                      self.direction == 1)
+                    provider.prefetch(
+                        (self.epoch, self.direction, ahead), self._chunk_positions(ahead), self.direction == 1
+                    )
         return hit
 
     def length(self, pos: int) -> int:
@@ -481,8 +506,10 @@ class _Stream:
         next_pos, offsets, flat, q_lens = snapshot
         ends = np.cumsum(q_lens).tolist()
         flat = flat.tolist()
-        return {"next_pos": int(next_pos),
-                "rows": [[o, flat[e - n : e]] for o, e, n in zip(offsets.tolist(), ends, q_lens.tolist())]}
+        return {
+            "next_pos": int(next_pos),
+            "rows": [[o, flat[e - n : e]] for o, e, n in zip(offsets.tolist(), ends, q_lens.tolist())],
+        }
 
     def get_state(self) -> dict:
         return self.state_of(self.snapshot())
@@ -593,8 +620,7 @@ class LMBatcher(Iterator[dict]):
         self._local_indices = np.arange(self.process_index, self.num_sentences, self.process_count, dtype=np.int64)
         if len(self._local_indices) == 0:
             raise ValueError(
-                f"process {process_index} of {process_count} gets no sentence: the source has only "
-                f"{self.num_sentences}"
+                f"process {process_index} of {process_count} gets no sentence: the source has only {self.num_sentences}"
             )
         if isinstance(source, TokenIndex):  # numpy gathers, no Python per word
             self._encoder = IndexChunkEncoder(source, vocab, self.max_characters_per_token)
@@ -699,8 +725,12 @@ class LMBatcher(Iterator[dict]):
     def _snapshot(self) -> tuple:
         """:meth:`get_state` after the batch just built, in a form that is cheap to take
         (what a pipeline keeps beside each batch built ahead); see :meth:`_state_of`."""
-        return (int(self.epoch), int(self.batches_in_epoch), bool(self._finished),
-                [s.snapshot() for s in self._streams])
+        return (
+            int(self.epoch),
+            int(self.batches_in_epoch),
+            bool(self._finished),
+            [s.snapshot() for s in self._streams],
+        )
 
     def _state_of(self, snapshot: tuple) -> dict:
         epoch, batches_in_epoch, finished, streams = snapshot
@@ -718,9 +748,7 @@ class LMBatcher(Iterator[dict]):
         (any ``workers``, ``prefetch`` and ``read_chunk``)."""
         if state.get("version") != STATE_VERSION:
             raise ValueError(f"unknown batcher state version {state.get('version')!r} (expected {STATE_VERSION})")
-        mismatched = {
-            k: (state.get(k), v) for k, v in self._config_fingerprint().items() if state.get(k) != v
-        }
+        mismatched = {k: (state.get(k), v) for k, v in self._config_fingerprint().items() if state.get(k) != v}
         if mismatched:
             detail = ", ".join(f"{k}: state {a!r} vs batcher {b!r}" for k, (a, b) in mismatched.items())
             raise ValueError(f"the batcher state does not match this batcher ({detail})")

@@ -102,7 +102,7 @@ def example_text(record: bytes) -> bytes | None:
     parsed field by field."""
     header = _header(len(record))
     if header is not None and record.startswith(header):
-        return record[len(header):]
+        return record[len(header) :]
     span = _len_field(record, 0, len(record), 1)
     if span is None:
         return None
@@ -110,11 +110,11 @@ def example_text(record: bytes) -> bytes | None:
     if entry is None or entry[1] != span[1]:  # exactly one feature
         return None
     key = _len_field(record, entry[0], entry[1], 1)
-    if key is None or record[key[0]:key[1]] != b"text":
+    if key is None or record[key[0] : key[1]] != b"text":
         return None
     for number in (2, 1, 1):  # map value -> bytes_list -> first value
         found = _len_field(record, entry[0], entry[1], number)
         if found is None:
             return None
         entry = found
-    return record[entry[0]:entry[1]]
+    return record[entry[0] : entry[1]]

@@ -36,7 +36,12 @@ from concurrent.futures.process import BrokenProcessPool
 import numpy as np
 
 from elmo_jax.data.workers import (
-    DataWorkerError, describe_dead, pool_failure, start_pool, stop_pool, worker_statuses,
+    DataWorkerError,
+    describe_dead,
+    pool_failure,
+    start_pool,
+    stop_pool,
+    worker_statuses,
 )
 from elmo_jax.errors import ElmoError
 from elmo_jax.lookahead import LookAheadThreadDied, ahead
@@ -129,7 +134,8 @@ class WorkerChunks:
                     raise
                 except Exception as e:  # noqa: BLE001 - re-raised with the worker's traceback
                     raise DataWorkerError(
-                        f"a data worker failed while reading/encoding sentences: {_describe(e)}") from e
+                        f"a data worker failed while reading/encoding sentences: {_describe(e)}"
+                    ) from e
             self._replace_pool(error)
             future = self._submit(positions, reverse)
 
@@ -151,8 +157,11 @@ class WorkerChunks:
                 raise DataWorkerError("the data workers were closed")
             pool, self._pool = self._pool, None
             statuses = worker_statuses(pool) if pool is not None else []
-            failure = pool_failure(pool, error or BrokenProcessPool("the pool is broken"), "data") \
-                if pool is not None else DataWorkerError("the data worker pool is gone")
+            failure = (
+                pool_failure(pool, error or BrokenProcessPool("the pool is broken"), "data")
+                if pool is not None
+                else DataWorkerError("the data worker pool is gone")
+            )
             stop_pool(pool, now=True)
         self._failures += 1
         if failure.reimported or self._failures > MAX_REPLACEMENTS:
@@ -165,9 +174,11 @@ class WorkerChunks:
                     future.cancel()
                 self._pending[key] = (self._submit(positions, reverse), positions, reverse)
                 again += 1
-        self._log(f"data {describe_dead(statuses)}: started {self.workers} new data worker processes, which "
-                  f"encode the {again} chunks not yet received again, from the same sentence positions "
-                  f"(the batches are unchanged)")
+        self._log(
+            f"data {describe_dead(statuses)}: started {self.workers} new data worker processes, which "
+            f"encode the {again} chunks not yet received again, from the same sentence positions "
+            f"(the batches are unchanged)"
+        )
 
     def reset(self) -> None:
         """Forget chunks requested ahead (the batcher jumped to another position)."""

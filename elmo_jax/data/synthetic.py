@@ -90,6 +90,7 @@ from typing import Any
 import numpy as np
 
 from elmo_jax.data.vocab import EOS, UNK
+
 __all__ = [
     "DEFAULT_N_HELDOUT",
     "DOMAINS",
@@ -229,8 +230,9 @@ class SyntheticLanguage:
         index[UNK] = len(known_ids)
         return index, np.vstack([cols, np.clip(unk, 0.0, None)[None, :]])
 
-    def log_probs(self, sentences: Sequence[Sequence[str]], known: Sequence[str] | None = None,
-                  batch_size: int = 512) -> np.ndarray:
+    def log_probs(
+        self, sentences: Sequence[Sequence[str]], known: Sequence[str] | None = None, batch_size: int = 512
+    ) -> np.ndarray:
         """Exact natural-log probabilities of many sentences (see :meth:`log_prob`).
 
         Args:
@@ -248,7 +250,7 @@ class SyntheticLanguage:
         out = np.empty(len(sentences))
         order = sorted(range(len(sentences)), key=lambda i: len(sentences[i]))
         for b0 in range(0, len(order), batch_size):
-            chunk = order[b0:b0 + batch_size]
+            chunk = order[b0 : b0 + batch_size]
             lens = np.array([len(sentences[i]) for i in chunk])
             t_max = int(lens.max()) if len(chunk) else 0
             ids = np.full((len(chunk), max(t_max, 1)), zero_col, dtype=np.int64)
@@ -325,8 +327,14 @@ class _Builder:
             self.vocab.append(w)
         return self.word_ids[w]
 
-    def state(self, name: str, cls: str, words: Sequence[str],
-              weights: Sequence[float] | None = None, sense: str | None = None) -> str:
+    def state(
+        self,
+        name: str,
+        cls: str,
+        words: Sequence[str],
+        weights: Sequence[float] | None = None,
+        sense: str | None = None,
+    ) -> str:
         if name in self.index or name in self.virtual:
             raise ValueError(f"duplicate state {name!r}")
         if weights is None:
@@ -364,8 +372,9 @@ class _Builder:
                     out[k] = out.get(k, 0.0) + p * w / total
         return out
 
-    def compile(self, start: str, seed: int | None, max_len: int | None = None,
-                lemmas: dict[str, str] | None = None) -> SyntheticLanguage:
+    def compile(
+        self, start: str, seed: int | None, max_len: int | None = None, lemmas: dict[str, str] | None = None
+    ) -> SyntheticLanguage:
         n, v = len(self.states), len(self.vocab)
         start_v = np.zeros(n)
         for k, p in self._resolve([(start, 1.0)]).items():
@@ -416,11 +425,9 @@ def zipf_weights(n: int, exponent: float = 1.0, offset: float = 1.0) -> list[flo
 # Vocabulary: made-up English-like stems and their inflections
 # --------------------------------------------------------------------------------------
 
-_ONSETS = ("b bl br d dr f fl fr g gl gr k kl kr l m n p pl pr r s sk sl sn sp st t tr v w z "
-           "sh ch th").split()
+_ONSETS = ("b bl br d dr f fl fr g gl gr k kl kr l m n p pl pr r s sk sl sn sp st t tr v w z sh ch th").split()
 _NUCLEI = "a e i o u a e i o u ee oo ai ou oa".split()
-_CODAS = ["", "", "", "b", "d", "g", "k", "l", "m", "n", "p", "r", "t", "sk", "st", "nd", "mp",
-          "nt", "lk", "rn"]
+_CODAS = ["", "", "", "b", "d", "g", "k", "l", "m", "n", "p", "r", "t", "sk", "st", "nd", "mp", "nt", "lk", "rn"]
 
 
 def _pseudo_word(rng: np.random.Generator) -> str:
@@ -482,16 +489,87 @@ _ZH = {
     "PRON": ["我", "你", "她", "他", "我们", "他们", "大家", "你们"],
     "NAME": ["小明", "小红", "老王", "张老师", "李华", "王芳"],
     "ADV": ["也", "都", "常常", "今天", "已经", "明天", "一起", "马上"],
-    "VERB": ["吃", "看", "买", "喜欢", "想", "学习", "写", "找", "等", "帮助", "认识", "准备",
-             "需要", "带", "卖", "送", "借", "做", "听", "画"],
+    "VERB": [
+        "吃",
+        "看",
+        "买",
+        "喜欢",
+        "想",
+        "学习",
+        "写",
+        "找",
+        "等",
+        "帮助",
+        "认识",
+        "准备",
+        "需要",
+        "带",
+        "卖",
+        "送",
+        "借",
+        "做",
+        "听",
+        "画",
+    ],
     "MOTION": ["去", "来", "回", "到"],
     "PURPOSE": ["取钱", "上课", "买东西", "看病", "吃饭", "工作", "开会", "存钱"],
     "ASP": ["了", "过", "着"],
-    "NOUN": ["书", "水", "饭", "茶", "咖啡", "电脑", "朋友", "老师", "学生", "衣服", "苹果",
-             "面包", "报纸", "电影", "音乐", "汽车", "自行车", "房子", "猫", "狗", "鱼", "鸡蛋",
-             "水果", "蛋糕", "礼物", "问题", "作业", "新闻", "故事", "照片", "信", "票", "地图",
-             "雨伞", "眼镜", "杯子", "桌子", "椅子", "钥匙", "邮件", "歌", "画儿", "菜", "汤",
-             "药", "机会", "衬衫", "鞋", "帽子", "蔬菜", "牛奶", "啤酒", "飞机", "火车"],
+    "NOUN": [
+        "书",
+        "水",
+        "饭",
+        "茶",
+        "咖啡",
+        "电脑",
+        "朋友",
+        "老师",
+        "学生",
+        "衣服",
+        "苹果",
+        "面包",
+        "报纸",
+        "电影",
+        "音乐",
+        "汽车",
+        "自行车",
+        "房子",
+        "猫",
+        "狗",
+        "鱼",
+        "鸡蛋",
+        "水果",
+        "蛋糕",
+        "礼物",
+        "问题",
+        "作业",
+        "新闻",
+        "故事",
+        "照片",
+        "信",
+        "票",
+        "地图",
+        "雨伞",
+        "眼镜",
+        "杯子",
+        "桌子",
+        "椅子",
+        "钥匙",
+        "邮件",
+        "歌",
+        "画儿",
+        "菜",
+        "汤",
+        "药",
+        "机会",
+        "衬衫",
+        "鞋",
+        "帽子",
+        "蔬菜",
+        "牛奶",
+        "啤酒",
+        "飞机",
+        "火车",
+    ],
     "PLACE": ["银行", "学校", "公园", "医院", "商店", "图书馆", "家", "公司", "饭馆", "北京"],
     "PREP": ["在", "从", "跟"],
     "CONJ": ["然后", "但是", "所以", "因为", "而且"],
@@ -503,68 +581,209 @@ _ZH = {
 # ``right`` slots (after it).  A slot is ``(class, [words])``.  Left-resolved words have
 # sense-specific left slots only, right-resolved ones sense-specific right slots only.
 FRAMES: tuple[dict[str, Any], ...] = (
-    dict(word="bank", side="left", cls="NOUN", entry=("PRED_E", 0.05), exit="NP_REST_E",
-         senses={"money": (0.55, [("VERB", ["deposited", "withdrew", "borrowed", "saved",
-                                            "invested", "wired", "counted", "owed"]),
-                                  ("ADP", ["at", "from", "with"]), ("DET", ["the", "a"])], []),
-                 "river": (0.45, [("VERB", ["fished", "camped", "swam", "rested", "picnicked",
-                                            "waded", "sunbathed", "paddled"]),
-                                  ("ADP", ["by", "near", "along", "beside"]), ("DET", ["the"])],
-                           [])}),
-    dict(word="bass", side="left", cls="NOUN", entry=("PRED_E", 0.04), exit="NP_REST_E",
-         senses={"music": (0.5, [("VERB", ["played", "tuned", "strummed", "amplified",
-                                           "practiced"]), ("DET", ["the", "a", "her", "his"])], []),
-                 "fish": (0.5, [("VERB", ["caught", "hooked", "grilled", "cooked", "landed",
-                                          "netted"]), ("DET", ["a", "the", "one"])], [])}),
-    dict(word="crane", side="left", cls="NOUN", entry=("PRED_E", 0.04), exit="NP_REST_E",
-         senses={"bird": (0.45, [("VERB", ["photographed", "fed", "spotted", "sketched"]),
-                                 ("DET", ["a", "the"]),
-                                 ("ADJ", ["white", "tall", "graceful", "wild"])], []),
-                 "machine": (0.55, [("VERB", ["operated", "repaired", "rented", "lowered",
-                                              "assembled"]), ("DET", ["the", "a"]),
-                                    ("ADJ", ["yellow", "rusty", "huge", "electric"])], [])}),
-    dict(word="bat", side="right", cls="NOUN", entry=("CLAUSE_E", 0.05), exit="CLAUSE_END_E",
-         shared_left=[("DET", ["the", "that", "this"])],
-         senses={"animal": (0.5, [], [("VERB", ["flew", "squeaked", "hunted", "slept", "hung"])]),
-                 "club": (0.5, [], [("VERB", ["cracked", "splintered", "broke", "snapped"])])}),
-    dict(word="seal", side="right", cls="NOUN", entry=("CLAUSE_E", 0.04), exit="CLAUSE_END_E",
-         shared_left=[("DET", ["the", "a", "that"])],
-         senses={"animal": (0.55, [], [("VERB", ["barked", "dived", "basked", "splashed"])]),
-                 "stamp": (0.45, [], [("AUX", ["was", "looked"]),
-                                      ("VERB", ["broken", "forged", "stamped", "approved"])])}),
-    dict(word="date", side="right", cls="NOUN", entry=("CLAUSE_E", 0.04), exit="CLAUSE_END_E",
-         shared_left=[("DET", ["the", "that", "our"])],
-         senses={"fruit": (0.4, [], [("AUX", ["was", "seemed"]),
-                                     ("ADJ", ["sweet", "sticky", "ripe", "delicious"])]),
-                 "calendar": (0.6, [], [("AUX", ["was", "got"]),
-                                        ("VERB", ["postponed", "cancelled", "moved",
-                                                  "confirmed"])])}),
-    dict(word="spring", side="both", cls="NOUN", entry=("CLAUSE_E", 0.04), exit="CLAUSE_END_E",
-         shared_left=[("DET", ["the", "that"])],
-         senses={"season": (0.5, [("ADJ", ["early", "late", "warm", "rainy"])],
-                            [("VERB", ["arrived", "ended", "began", "returned"])]),
-                 "water": (0.5, [("ADJ", ["hot", "mineral", "icy", "hidden"])],
-                           [("VERB", ["bubbled", "flowed", "steamed", "trickled"])])}),
-    dict(word="bark", side="both", cls="NOUN", entry=("CLAUSE_E", 0.03), exit="CLAUSE_END_E",
-         shared_left=[("DET", ["the", "a"])],
-         senses={"dog": (0.5, [("ADJ", ["loud", "angry", "sharp", "sudden"])],
-                         [("VERB", ["echoed", "startled", "woke", "frightened"])]),
-                 "tree": (0.5, [("ADJ", ["rough", "thick", "smooth", "brown"])],
-                          [("VERB", ["peeled", "flaked", "crumbled", "darkened"])])}),
-    dict(word="米", side="left", cls="NOUN", entry=("PRED_Z", 0.07), exit="CLAUSE_END_Z",
-         senses={"rice": (0.5, [("VERB", ["买", "煮", "吃", "洗"]), ("PART", ["了"]),
-                                ("NUM", ["两", "三", "五"]), ("NOUN", ["斤", "碗", "袋"])], []),
-                 "meter": (0.5, [("VERB", ["跑", "游", "走", "爬"]), ("PART", ["了"]),
-                                 ("NUM", ["一百", "八百", "五千"])], [])}),
-    dict(word="打", side="right", cls="VERB", entry=("PRED_Z", 0.07), exit="CLAUSE_END_Z",
-         shared_left=[("ADV", ["也", "常常", "经常", "不"])],
-         senses={"call": (0.45, [], [("NOUN", ["电话", "手机", "热线"])]),
-                 "play": (0.55, [], [("NOUN", ["篮球", "网球", "游戏", "牌"])])}),
-    dict(word="花", side="both", cls=None, entry=("CLAUSE_Z", 0.07), exit="CLAUSE_END_Z",
-         senses={"flower": (0.5, [("NUM", ["一束", "一朵", "几朵", "这些"])],
-                            [("VERB", ["开", "谢", "香", "红"])]),
-                 "spend": (0.5, [("ADV", ["又", "总是", "不想", "别"])],
-                           [("NOUN", ["钱", "时间", "工资", "精力"])])}),
+    dict(
+        word="bank",
+        side="left",
+        cls="NOUN",
+        entry=("PRED_E", 0.05),
+        exit="NP_REST_E",
+        senses={
+            "money": (
+                0.55,
+                [
+                    ("VERB", ["deposited", "withdrew", "borrowed", "saved", "invested", "wired", "counted", "owed"]),
+                    ("ADP", ["at", "from", "with"]),
+                    ("DET", ["the", "a"]),
+                ],
+                [],
+            ),
+            "river": (
+                0.45,
+                [
+                    ("VERB", ["fished", "camped", "swam", "rested", "picnicked", "waded", "sunbathed", "paddled"]),
+                    ("ADP", ["by", "near", "along", "beside"]),
+                    ("DET", ["the"]),
+                ],
+                [],
+            ),
+        },
+    ),
+    dict(
+        word="bass",
+        side="left",
+        cls="NOUN",
+        entry=("PRED_E", 0.04),
+        exit="NP_REST_E",
+        senses={
+            "music": (
+                0.5,
+                [
+                    ("VERB", ["played", "tuned", "strummed", "amplified", "practiced"]),
+                    ("DET", ["the", "a", "her", "his"]),
+                ],
+                [],
+            ),
+            "fish": (
+                0.5,
+                [("VERB", ["caught", "hooked", "grilled", "cooked", "landed", "netted"]), ("DET", ["a", "the", "one"])],
+                [],
+            ),
+        },
+    ),
+    dict(
+        word="crane",
+        side="left",
+        cls="NOUN",
+        entry=("PRED_E", 0.04),
+        exit="NP_REST_E",
+        senses={
+            "bird": (
+                0.45,
+                [
+                    ("VERB", ["photographed", "fed", "spotted", "sketched"]),
+                    ("DET", ["a", "the"]),
+                    ("ADJ", ["white", "tall", "graceful", "wild"]),
+                ],
+                [],
+            ),
+            "machine": (
+                0.55,
+                [
+                    ("VERB", ["operated", "repaired", "rented", "lowered", "assembled"]),
+                    ("DET", ["the", "a"]),
+                    ("ADJ", ["yellow", "rusty", "huge", "electric"]),
+                ],
+                [],
+            ),
+        },
+    ),
+    dict(
+        word="bat",
+        side="right",
+        cls="NOUN",
+        entry=("CLAUSE_E", 0.05),
+        exit="CLAUSE_END_E",
+        shared_left=[("DET", ["the", "that", "this"])],
+        senses={
+            "animal": (0.5, [], [("VERB", ["flew", "squeaked", "hunted", "slept", "hung"])]),
+            "club": (0.5, [], [("VERB", ["cracked", "splintered", "broke", "snapped"])]),
+        },
+    ),
+    dict(
+        word="seal",
+        side="right",
+        cls="NOUN",
+        entry=("CLAUSE_E", 0.04),
+        exit="CLAUSE_END_E",
+        shared_left=[("DET", ["the", "a", "that"])],
+        senses={
+            "animal": (0.55, [], [("VERB", ["barked", "dived", "basked", "splashed"])]),
+            "stamp": (0.45, [], [("AUX", ["was", "looked"]), ("VERB", ["broken", "forged", "stamped", "approved"])]),
+        },
+    ),
+    dict(
+        word="date",
+        side="right",
+        cls="NOUN",
+        entry=("CLAUSE_E", 0.04),
+        exit="CLAUSE_END_E",
+        shared_left=[("DET", ["the", "that", "our"])],
+        senses={
+            "fruit": (0.4, [], [("AUX", ["was", "seemed"]), ("ADJ", ["sweet", "sticky", "ripe", "delicious"])]),
+            "calendar": (
+                0.6,
+                [],
+                [("AUX", ["was", "got"]), ("VERB", ["postponed", "cancelled", "moved", "confirmed"])],
+            ),
+        },
+    ),
+    dict(
+        word="spring",
+        side="both",
+        cls="NOUN",
+        entry=("CLAUSE_E", 0.04),
+        exit="CLAUSE_END_E",
+        shared_left=[("DET", ["the", "that"])],
+        senses={
+            "season": (
+                0.5,
+                [("ADJ", ["early", "late", "warm", "rainy"])],
+                [("VERB", ["arrived", "ended", "began", "returned"])],
+            ),
+            "water": (
+                0.5,
+                [("ADJ", ["hot", "mineral", "icy", "hidden"])],
+                [("VERB", ["bubbled", "flowed", "steamed", "trickled"])],
+            ),
+        },
+    ),
+    dict(
+        word="bark",
+        side="both",
+        cls="NOUN",
+        entry=("CLAUSE_E", 0.03),
+        exit="CLAUSE_END_E",
+        shared_left=[("DET", ["the", "a"])],
+        senses={
+            "dog": (
+                0.5,
+                [("ADJ", ["loud", "angry", "sharp", "sudden"])],
+                [("VERB", ["echoed", "startled", "woke", "frightened"])],
+            ),
+            "tree": (
+                0.5,
+                [("ADJ", ["rough", "thick", "smooth", "brown"])],
+                [("VERB", ["peeled", "flaked", "crumbled", "darkened"])],
+            ),
+        },
+    ),
+    dict(
+        word="米",
+        side="left",
+        cls="NOUN",
+        entry=("PRED_Z", 0.07),
+        exit="CLAUSE_END_Z",
+        senses={
+            "rice": (
+                0.5,
+                [
+                    ("VERB", ["买", "煮", "吃", "洗"]),
+                    ("PART", ["了"]),
+                    ("NUM", ["两", "三", "五"]),
+                    ("NOUN", ["斤", "碗", "袋"]),
+                ],
+                [],
+            ),
+            "meter": (
+                0.5,
+                [("VERB", ["跑", "游", "走", "爬"]), ("PART", ["了"]), ("NUM", ["一百", "八百", "五千"])],
+                [],
+            ),
+        },
+    ),
+    dict(
+        word="打",
+        side="right",
+        cls="VERB",
+        entry=("PRED_Z", 0.07),
+        exit="CLAUSE_END_Z",
+        shared_left=[("ADV", ["也", "常常", "经常", "不"])],
+        senses={
+            "call": (0.45, [], [("NOUN", ["电话", "手机", "热线"])]),
+            "play": (0.55, [], [("NOUN", ["篮球", "网球", "游戏", "牌"])]),
+        },
+    ),
+    dict(
+        word="花",
+        side="both",
+        cls=None,
+        entry=("CLAUSE_Z", 0.07),
+        exit="CLAUSE_END_Z",
+        senses={
+            "flower": (0.5, [("NUM", ["一束", "一朵", "几朵", "这些"])], [("VERB", ["开", "谢", "香", "红"])]),
+            "spend": (0.5, [("ADV", ["又", "总是", "不想", "别"])], [("NOUN", ["钱", "时间", "工资", "精力"])]),
+        },
+    ),
 )
 _SENSE_CLASS = {("花", "flower"): "NOUN", ("花", "spend"): "VERB"}
 
@@ -600,10 +819,19 @@ def _add_frame(b: _Builder, fr: dict[str, Any]) -> None:
     b.polysemous[word] = {"side": fr["side"], "senses": list(fr["senses"])}
 
 
-def make_language(seed: int = DEFAULT_SEED, *, n_nouns: int = 1000, n_verbs: int = 500,
-                  n_adjs: int = 250, n_names: int = 30, zipf_exponent: float = 1.05,
-                  derived_share: float = 0.08, derived_exponent: float = 1.0,
-                  max_len: int | None = 40, domain: str = "a") -> SyntheticLanguage:
+def make_language(
+    seed: int = DEFAULT_SEED,
+    *,
+    n_nouns: int = 1000,
+    n_verbs: int = 500,
+    n_adjs: int = 250,
+    n_names: int = 30,
+    zipf_exponent: float = 1.05,
+    derived_share: float = 0.08,
+    derived_exponent: float = 1.0,
+    max_len: int | None = 40,
+    domain: str = "a",
+) -> SyntheticLanguage:
     """Builds the seeded default language (the same seed gives the same language).
 
     The seed draws the made-up English stems (and which verbs double as nouns); the grammar
@@ -616,8 +844,7 @@ def make_language(seed: int = DEFAULT_SEED, *, n_nouns: int = 1000, n_verbs: int
     """
     seed = _check_seed(seed)
     _check_domain(domain)
-    for name, val in (("n_nouns", n_nouns), ("n_verbs", n_verbs), ("n_adjs", n_adjs),
-                      ("n_names", n_names)):
+    for name, val in (("n_nouns", n_nouns), ("n_verbs", n_verbs), ("n_adjs", n_adjs), ("n_names", n_names)):
         _check_positive(name, val)
     rng = np.random.default_rng(np.random.SeedSequence([seed, 0]))
     taken: set[str] = set()
@@ -630,9 +857,12 @@ def make_language(seed: int = DEFAULT_SEED, *, n_nouns: int = 1000, n_verbs: int
         for _, left, right in fr["senses"].values():
             for _, words in list(left) + list(right):
                 taken.update(words)
-    verbs = _make_stems(rng, n_verbs, taken,
-                        lambda s: list(_verb_forms(s).values())
-                        + ["re" + _verb_forms(s)["past"], "re" + _verb_forms(s)["ing"]])
+    verbs = _make_stems(
+        rng,
+        n_verbs,
+        taken,
+        lambda s: list(_verb_forms(s).values()) + ["re" + _verb_forms(s)["past"], "re" + _verb_forms(s)["ing"]],
+    )
     nouns = _make_stems(rng, n_nouns, taken, lambda s: [s, _plural(s)])
     # some verb stems are nouns as well ("walks": plural noun or 3rd-person verb)
     n_shared = max(1, n_verbs // 6)
@@ -644,8 +874,12 @@ def make_language(seed: int = DEFAULT_SEED, *, n_nouns: int = 1000, n_verbs: int
     frames = FRAMES
     if domain == "b":
         rng_b = np.random.default_rng(np.random.SeedSequence([seed, 2]))
-        verbs = _shift_stems(rng_b, verbs, taken, lambda s: list(_verb_forms(s).values())
-                             + ["re" + _verb_forms(s)["past"], "re" + _verb_forms(s)["ing"]])
+        verbs = _shift_stems(
+            rng_b,
+            verbs,
+            taken,
+            lambda s: list(_verb_forms(s).values()) + ["re" + _verb_forms(s)["past"], "re" + _verb_forms(s)["ing"]],
+        )
         nouns = _shift_stems(rng_b, nouns, taken, lambda s: [s, _plural(s)])
         adjs = _shift_stems(rng_b, adjs, taken, lambda s: [s, _adverb(s), "un" + s])
         frames = tuple(_shift_senses(fr) for fr in FRAMES)
@@ -716,15 +950,21 @@ def make_language(seed: int = DEFAULT_SEED, *, n_nouns: int = 1000, n_verbs: int
     N("SENT_END_Z", [("Z_PERIOD", 0.6), (END, 0.4)])
     N("CLAUSE_END_E", [("SENT_END_E", 0.62), ("E_CONJ", 0.24), ("E_COMMA", 0.08)])
     N("CLAUSE_END_Z", [("SENT_END_Z", 0.62), ("Z_CONJ", 0.22), ("Z_COMMA", 0.10)])
-    N("CLAUSE_E", [("E_PRON_3SG", 0.18), ("E_PRON_N3", 0.18), ("E_NAME", 0.12),
-                   ("E_DET_SG", 0.25), ("E_DET_PL", 0.15), ("E_N_PL_S", 0.06)])
-    N("PRED_3SG", [("E_V_3SG", 0.33), ("E_V_PAST", 0.33), ("E_AUX_SG", 0.14),
-                   ("E_ADV_PRE", 0.05), ("PRED_E", 0.15)])
-    N("PRED_N3", [("E_V_BASE", 0.33), ("E_V_PAST", 0.33), ("E_AUX_PL", 0.14),
-                  ("E_ADV_PRE", 0.05), ("PRED_E", 0.15)])
+    N(
+        "CLAUSE_E",
+        [
+            ("E_PRON_3SG", 0.18),
+            ("E_PRON_N3", 0.18),
+            ("E_NAME", 0.12),
+            ("E_DET_SG", 0.25),
+            ("E_DET_PL", 0.15),
+            ("E_N_PL_S", 0.06),
+        ],
+    )
+    N("PRED_3SG", [("E_V_3SG", 0.33), ("E_V_PAST", 0.33), ("E_AUX_SG", 0.14), ("E_ADV_PRE", 0.05), ("PRED_E", 0.15)])
+    N("PRED_N3", [("E_V_BASE", 0.33), ("E_V_PAST", 0.33), ("E_AUX_PL", 0.14), ("E_ADV_PRE", 0.05), ("PRED_E", 0.15)])
     N("PRED_E", [])  # left-resolved English frames hang here (any subject)
-    N("VP_REST", [("E_ODET_SG", 0.25), ("E_ODET_PL", 0.13), ("E_PREP", 0.17), ("E_ADV", 0.08),
-                  ("CLAUSE_END_E", 0.37)])
+    N("VP_REST", [("E_ODET_SG", 0.25), ("E_ODET_PL", 0.13), ("E_PREP", 0.17), ("E_ADV", 0.08), ("CLAUSE_END_E", 0.37)])
     N("NP_REST_E", [("E_PREP", 0.2), ("E_ADV", 0.07), ("CLAUSE_END_E", 0.73)])
     L = b.link
     L("E_PRON_3SG", [("PRED_3SG", 1)])
@@ -778,8 +1018,11 @@ def make_language(seed: int = DEFAULT_SEED, *, n_nouns: int = 1000, n_verbs: int
 
     for fr in frames:
         _add_frame(b, fr)
-    lemmas = {f: v for v in verbs for f in [*_verb_forms(v).values(), "re" + _verb_forms(v)["past"],
-                                             "re" + _verb_forms(v)["ing"]]}
+    lemmas = {
+        f: v
+        for v in verbs
+        for f in [*_verb_forms(v).values(), "re" + _verb_forms(v)["past"], "re" + _verb_forms(v)["ing"]]
+    }
     lemmas.update({f: n for n in nouns for f in (n, _plural(n))})
     lemmas.update({f: a for a in adjs for f in (a, _adverb(a), "un" + a)})
     return b.compile("SENTENCE", seed, max_len, lemmas)
@@ -790,8 +1033,9 @@ def _shift_stems(rng: np.random.Generator, stems: list[str], taken: set[str], fo
     all of them in a new (random) Zipf order."""
     stems = list(stems)
     n_new = round(len(stems) * DOMAIN_B_NEW_STEMS)
-    for position, stem in zip(rng.choice(len(stems), n_new, replace=False).tolist(),
-                              _make_stems(rng, n_new, taken, forms_of)):
+    for position, stem in zip(
+        rng.choice(len(stems), n_new, replace=False).tolist(), _make_stems(rng, n_new, taken, forms_of)
+    ):
         stems[position] = stem
     return [stems[i] for i in rng.permutation(len(stems)).tolist()]
 
@@ -801,8 +1045,9 @@ def _shift_senses(frame: dict[str, Any]) -> dict[str, Any]:
     share the rest equally."""
     names = list(frame["senses"])
     rest = (1.0 - DOMAIN_B_FIRST_SENSE) / (len(names) - 1)
-    senses = {name: ((DOMAIN_B_FIRST_SENSE if k == 0 else rest), *frame["senses"][name][1:])
-              for k, name in enumerate(names)}
+    senses = {
+        name: ((DOMAIN_B_FIRST_SENSE if k == 0 else rest), *frame["senses"][name][1:]) for k, name in enumerate(names)
+    }
     return {**frame, "senses": senses}
 
 
@@ -812,8 +1057,9 @@ def _check_domain(domain: Any) -> str:
     return domain
 
 
-def random_language(seed: int, n_states: int = 3, n_words: int = 4, end_prob: float = 0.3,
-                    max_len: int | None = None) -> SyntheticLanguage:
+def random_language(
+    seed: int, n_states: int = 3, n_words: int = 4, end_prob: float = 0.3, max_len: int | None = None
+) -> SyntheticLanguage:
     """A small random HMM (every state emits every word) for tests of the scorer/sampler."""
     rng = np.random.default_rng(seed)
     trans = rng.dirichlet(np.ones(n_states), size=n_states) * (1 - end_prob)

@@ -16,21 +16,22 @@ from elmo_jax.data.synthetic import END, NO_SENSE, SyntheticLanguage
 __all__ = ["ngram_baselines", "optimum_perplexity", "oracle_embeddings", "sample_corpus"]
 
 
-def sample_corpus(language: SyntheticLanguage, n: int, rng: np.random.Generator
-                  ) -> tuple[list[list[str]], list[dict[str, list[str]]]]:
+def sample_corpus(
+    language: SyntheticLanguage, n: int, rng: np.random.Generator
+) -> tuple[list[list[str]], list[dict[str, list[str]]]]:
     """``n`` sentences and their label dicts (``classes``, ``senses``, ``resolved_by``)."""
     sentences, labels = [], []
     for _ in range(n):
         toks, classes, senses = language.sample_sentence(rng)
         sentences.append(toks)
-        resolved = [language.polysemous[s.split("#", 1)[0]]["side"] if s != NO_SENSE else NO_SENSE
-                    for s in senses]
+        resolved = [language.polysemous[s.split("#", 1)[0]]["side"] if s != NO_SENSE else NO_SENSE for s in senses]
         labels.append({"classes": classes, "senses": senses, "resolved_by": resolved})
     return sentences, labels
 
 
-def optimum_perplexity(language: SyntheticLanguage, sentences: Sequence[Sequence[str]],
-                       known: Sequence[str] | None = None) -> float:
+def optimum_perplexity(
+    language: SyntheticLanguage, sentences: Sequence[Sequence[str]], known: Sequence[str] | None = None
+) -> float:
     """Perplexity of the true distribution: ``exp(-sum log p(s) / sum (len(s) + 1))``.
 
     No language model can do better in expectation (forward or backward).  With ``known``,
@@ -44,8 +45,9 @@ def optimum_perplexity(language: SyntheticLanguage, sentences: Sequence[Sequence
     return float(math.exp(-lp.sum() / n))
 
 
-def ngram_baselines(train: Sequence[Sequence[str]], heldout: Sequence[Sequence[str]],
-                    k: float = 0.1, discount: float = 0.75) -> dict[str, float]:
+def ngram_baselines(
+    train: Sequence[Sequence[str]], heldout: Sequence[Sequence[str]], k: float = 0.1, discount: float = 0.75
+) -> dict[str, float]:
     """Unigram and bigram perplexities (trained on ``train``, measured on ``heldout``).
 
     Events are the training forms, ``</S>`` and ``<UNK>`` (held-out forms not seen in
@@ -95,8 +97,9 @@ def ngram_baselines(train: Sequence[Sequence[str]], heldout: Sequence[Sequence[s
     return {"unigram": math.exp(-lp_u / n), "bigram": math.exp(-lp_b / n)}
 
 
-def oracle_embeddings(language: SyntheticLanguage, sentences: Sequence[Sequence[str]],
-                      n_layers: int = 2) -> list[np.ndarray]:
+def oracle_embeddings(
+    language: SyntheticLanguage, sentences: Sequence[Sequence[str]], n_layers: int = 2
+) -> list[np.ndarray]:
     """What an ideal biLM would know, in the layout of ``Elmo.embed``: ``[L+1, n, 2S]``.
 
     Layer 0 is ``[e; e]`` with ``e`` the state posterior given the word alone (uniform
@@ -110,8 +113,7 @@ def oracle_embeddings(language: SyntheticLanguage, sentences: Sequence[Sequence[
     for s in sentences:
         unknown = [w for w in s if w not in idx]
         if unknown or not s:
-            raise ValueError(f"cannot embed {list(s)!r}: empty or with forms the language "
-                             f"lacks ({unknown[:5]})")
+            raise ValueError(f"cannot embed {list(s)!r}: empty or with forms the language lacks ({unknown[:5]})")
         ids = [idx[w] for w in s]
         e = language.emit[:, ids].T  # [n, S]
         n, n_states = e.shape

@@ -70,8 +70,14 @@ def _is_normal(text: str) -> bool:
         other = len(raw.translate(None, _ASCII_OTHER_SPACE)) != len(raw)
     else:
         other = _other_space(text) is not None
-    return (not other and "  " not in text and "\n " not in text and " \n" not in text
-            and not text.startswith(" ") and not text.endswith(" "))
+    return (
+        not other
+        and "  " not in text
+        and "\n " not in text
+        and " \n" not in text
+        and not text.startswith(" ")
+        and not text.endswith(" ")
+    )
 
 
 def _read_lines(path: str, start: int, stop: int) -> tuple[int, bytes]:
@@ -156,5 +162,10 @@ def write_range(path: str, start: int, stop: int, shard_path: str) -> dict:
     finally:
         writer.close()
     content.append("")  # every sentence ends in a newline
-    return {"num_sentences": n_sentences, "num_tokens": n_tokens, "num_bytes": n_bytes,
-            "content": "\n".join(content).encode("utf-8", "surrogatepass"), "cpu_s": time.process_time() - cpu0}
+    return {
+        "num_sentences": n_sentences,
+        "num_tokens": n_tokens,
+        "num_bytes": n_bytes,
+        "content": "\n".join(content).encode("utf-8", "surrogatepass"),
+        "cpu_s": time.process_time() - cpu0,
+    }

@@ -289,11 +289,8 @@ class ElmoLocalText(tfds.core.GeneratorBasedBuilder):
                     n_sentences += 1
                     n_tokens += len(tokens)
         if n_sentences == 0:
-            raise ValueError(
-                "empty corpus: no non-blank line in " + ", ".join(self.builder_config.files)
-            )
-        self.elmo_stats = {"num_sentences": n_sentences, "num_tokens": n_tokens,
-                           "content_sha256": digest.hexdigest()}
+            raise ValueError("empty corpus: no non-blank line in " + ", ".join(self.builder_config.files))
+        self.elmo_stats = {"num_sentences": n_sentences, "num_tokens": n_tokens, "content_sha256": digest.hexdigest()}
 
 
 def expand_files(patterns: str | os.PathLike | Sequence[str | os.PathLike]) -> list[str]:
@@ -420,8 +417,13 @@ def prepare_local_text(
 def _folders_not_yet_made(data_dir: str, parent: str) -> list[str]:
     """The folders a preparation in ``data_dir`` may create (the dataset's ``parent``, TFDS's
     ``downloads/extracted``) that do not exist yet, each before the folder holding it."""
-    folders = [parent, os.path.dirname(parent), os.path.join(data_dir, "downloads", "extracted"),
-               os.path.join(data_dir, "downloads"), data_dir]
+    folders = [
+        parent,
+        os.path.dirname(parent),
+        os.path.join(data_dir, "downloads", "extracted"),
+        os.path.join(data_dir, "downloads"),
+        data_dir,
+    ]
     return [p for p in folders if not os.path.exists(p)]
 
 
@@ -435,8 +437,9 @@ def _remove_empty_folders(folders: Sequence[str]) -> None:
             pass
 
 
-def _prepare(builder: ElmoLocalText, config: LocalTextConfig, data_dir: str, files: list[str], workers: int,
-             marker: str) -> tuple[ElmoLocalText, dict]:
+def _prepare(
+    builder: ElmoLocalText, config: LocalTextConfig, data_dir: str, files: list[str], workers: int, marker: str
+) -> tuple[ElmoLocalText, dict]:
     """Prepare ``files`` (see :func:`prepare_local_text`; the caller holds the lock)."""
     if workers > 0 and not os.path.isdir(builder.data_dir):
         with _disk_full_named(files, data_dir):
@@ -515,7 +518,8 @@ def _disk_full_named(files: Sequence[str], data_dir: str) -> Iterator[None]:
             f"disk full: the text ({', '.join(files)}) could not be prepared in {data_dir} (its prepared "
             f"copy needs about {needed / 2**20:.1f} MiB, {free}); nothing half-written was kept. Free "
             f"some space or set data_dir (--config.data_dir) to a disk with room, and run the same "
-            f"command again") from None
+            f"command again"
+        ) from None
 
 
 def _write_marker(marker: str, info: dict) -> None:
@@ -556,15 +560,27 @@ def _prepare_in_parallel(builder: ElmoLocalText, files: list[str], workers: int)
             if not r["num_sentences"]:  # a range of blank lines: no shard
                 os.remove(part)
         template = tfds.core.naming.ShardedFileTemplate(
-            data_dir=tmp, dataset_name=builder.name, split="train", filetype_suffix="array_record")
+            data_dir=tmp, dataset_name=builder.name, split="train", filetype_suffix="array_record"
+        )
         for index, (part, _) in enumerate(kept):
             os.replace(part, os.fspath(template.sharded_filepath(shard_index=index, num_shards=len(kept))))
-        builder.info.set_splits(tfds.core.SplitDict([tfds.core.SplitInfo(
-            name="train", shard_lengths=[r["num_sentences"] for _, r in kept],
-            num_bytes=sum(r["num_bytes"] for r in results))]))
+        builder.info.set_splits(
+            tfds.core.SplitDict(
+                [
+                    tfds.core.SplitInfo(
+                        name="train",
+                        shard_lengths=[r["num_sentences"] for _, r in kept],
+                        num_bytes=sum(r["num_bytes"] for r in results),
+                    )
+                ]
+            )
+        )
         builder.info.write_to_directory(tmp)
-        stats = {"num_sentences": n_sentences, "num_tokens": sum(r["num_tokens"] for r in results),
-                 "content_sha256": digest.hexdigest()}
+        stats = {
+            "num_sentences": n_sentences,
+            "num_tokens": sum(r["num_tokens"] for r in results),
+            "content_sha256": digest.hexdigest(),
+        }
         _write_marker(os.path.join(tmp, _READY_MARKER), {"files": files, **stats})
         try:
             os.rename(tmp, final)  # the dataset appears whole, marker included
@@ -609,8 +625,7 @@ class LocalTextSource(_TfdsTextSource):
             self.info["content_sha256"] = ContentDigest.of(self)
             marker = os.path.join(self.builder.data_dir, _READY_MARKER)
             try:  # best effort: prepared data may live in a read-only folder
-                _write_marker(marker, {k: v for k, v in self.info.items()
-                                       if k not in ("prepared_now", "worker_cpu_s")})
+                _write_marker(marker, {k: v for k, v in self.info.items() if k not in ("prepared_now", "worker_cpu_s")})
             except OSError:
                 pass
         return "sha256:" + self.info["content_sha256"]
@@ -634,8 +649,11 @@ class Lm1bSource(_TfdsTextSource):
             root = _default_data_dir(data_dir)
             # Without the folder TFDS's own text is misleading ("already prepared ... in the
             # TFRECORD format" for a folder that does not exist): say what is missing.
-            reason = (f"no prepared lm1b under {root} (no folder {os.path.join(root, 'lm1b')})"
-                      if not os.path.isdir(os.path.join(root, "lm1b")) else str(e))
+            reason = (
+                f"no prepared lm1b under {root} (no folder {os.path.join(root, 'lm1b')})"
+                if not os.path.isdir(os.path.join(root, "lm1b"))
+                else str(e)
+            )
             raise ElmoError(
                 f"could not open TFDS lm1b split {split!r}: {reason}\n"
                 "Prepare it with `tfds build lm1b --file_format=array_record` on a machine with "
@@ -692,8 +710,13 @@ def lm1b_extracted_files(root: str | os.PathLike, split: str = "train") -> str:
     only, the benchmark's usual test set).
     """
     root = os.path.expanduser(os.fspath(root))
-    rel = {"train": _LM1B_TRAIN, "test": _LM1B_HELDOUT, "heldout": _LM1B_HELDOUT,
-           "validation": _LM1B_HELDOUT, "heldout0": _LM1B_TEST0}.get(split)
+    rel = {
+        "train": _LM1B_TRAIN,
+        "test": _LM1B_HELDOUT,
+        "heldout": _LM1B_HELDOUT,
+        "validation": _LM1B_HELDOUT,
+        "heldout0": _LM1B_TEST0,
+    }.get(split)
     if rel is None:
         raise ValueError(f"unknown lm1b split {split!r}: use train, test (= heldout) or heldout0")
     for base in (root, os.path.join(root, _LM1B_TOP)):
@@ -733,13 +756,15 @@ def make_source(
     if spec in ("lm1b", "tfds:lm1b"):  # the second: an older spelling, kept for runs that used it
         return Lm1bSource(split=split, data_dir=data_dir)
     if spec.startswith(("lm1b:", "tfds:")):
-        raise ValueError(f"unknown data spec {spec!r}: TFDS lm1b is spelled 'lm1b' (training reads its "
-                         f"train split, evaluation its test split); see make_source for the others")
+        raise ValueError(
+            f"unknown data spec {spec!r}: TFDS lm1b is spelled 'lm1b' (training reads its "
+            f"train split, evaluation its test split); see make_source for the others"
+        )
     if spec.startswith("lm1b-extracted:"):
-        files = lm1b_extracted_files(spec[len("lm1b-extracted:"):], split)
-        return LocalTextSource(files, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s,
-                               workers=workers)
+        files = lm1b_extracted_files(spec[len("lm1b-extracted:") :], split)
+        return LocalTextSource(
+            files, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s, workers=workers
+        )
     if spec.startswith("text:"):
-        spec = spec[len("text:"):]
-    return LocalTextSource(spec, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s,
-                           workers=workers)
+        spec = spec[len("text:") :]
+    return LocalTextSource(spec, data_dir, process_index=process_index, wait_timeout_s=wait_timeout_s, workers=workers)

@@ -81,8 +81,15 @@ class TokenIndex:
     """Sentences as type ids (see the module docstring).  Use :meth:`open` or
     :func:`build_token_index`; the constructor takes the arrays as they are."""
 
-    def __init__(self, offsets_n1: np.ndarray, ids_N: np.ndarray, counts_V: np.ndarray,
-                 types: Sequence[str] | None, content_id: str | None, folder: str | None = None):
+    def __init__(
+        self,
+        offsets_n1: np.ndarray,
+        ids_N: np.ndarray,
+        counts_V: np.ndarray,
+        types: Sequence[str] | None,
+        content_id: str | None,
+        folder: str | None = None,
+    ):
         self.offsets_n1 = offsets_n1
         self.ids_N = ids_N
         self.counts_V = counts_V
@@ -111,16 +118,25 @@ class TokenIndex:
         for name in _FILES if verify else ():
             path = os.path.join(folder, name)
             if file_sha256(path) != meta["sha256"][name]:
-                raise _unusable(f"{path} is not the file that was written (its SHA-256 differs from meta.json's): "
-                                f"the index is damaged", folder)
+                raise _unusable(
+                    f"{path} is not the file that was written (its SHA-256 differs from meta.json's): "
+                    f"the index is damaged",
+                    folder,
+                )
         try:
             counts = np.load(os.path.join(folder, "counts.npy"), mmap_mode="r")
         except (OSError, ValueError) as e:
             raise _unusable(f"{folder}/counts.npy is unreadable ({e})", folder) from None
         if counts.shape != (V,):
             raise _unusable(f"{folder}/counts.npy holds {counts.shape}, expected ({V},)", folder)
-        return cls(_map(os.path.join(folder, "offsets.bin"), np.int64, n + 1),
-                   _map(os.path.join(folder, "ids.bin"), np.int32, N), counts, None, meta["content_id"], folder)
+        return cls(
+            _map(os.path.join(folder, "offsets.bin"), np.int64, n + 1),
+            _map(os.path.join(folder, "ids.bin"), np.int32, N),
+            counts,
+            None,
+            meta["content_id"],
+            folder,
+        )
 
     def __reduce__(self):
         if self.folder is not None:  # worker processes map the same files, checked by the parent
@@ -288,8 +304,9 @@ class _Merger:
             self.ids.update(zip([types[i] for i in new.tolist()], range(first, first + len(new))))
             known[new] = np.arange(first, first + len(new))
         if len(self.ids) > len(self.counts):
-            self.counts = np.concatenate([self.counts, np.zeros(max(len(self.ids), 2 * len(self.counts))
-                                                                - len(self.counts), dtype=np.int64)])
+            self.counts = np.concatenate(
+                [self.counts, np.zeros(max(len(self.ids), 2 * len(self.counts)) - len(self.counts), dtype=np.int64)]
+            )
         self.counts[known] += counts  # a range's types are distinct: no repeated index
         global_ids = known.astype(np.int32)[ids]
         offsets = self.n_tokens + np.cumsum(lengths)
@@ -307,8 +324,13 @@ class _Merger:
                 f.close()
 
 
-def build_token_index(source, folder: str | os.PathLike | None = None, workers: int = 0,
-                      log: Callable[[str], None] | None = None, range_size: int | None = None) -> TokenIndex:
+def build_token_index(
+    source,
+    folder: str | os.PathLike | None = None,
+    workers: int = 0,
+    log: Callable[[str], None] | None = None,
+    range_size: int | None = None,
+) -> TokenIndex:
     """Index every sentence of ``source`` (see the module docstring).
 
     ``folder``: where to write it (replaced whole when the index is complete; None builds it
@@ -355,11 +377,18 @@ def build_token_index(source, folder: str | os.PathLike | None = None, workers: 
             with open(os.path.join(tmp, "types.json"), "w", encoding="utf-8") as f:
                 f.write(json.dumps(types))  # one C-level encode (json.dump iterates in Python)
             np.save(os.path.join(tmp, "counts.npy"), counts)
-            write_json(os.path.join(tmp, "meta.json"), {  # last: an index is complete when it exists
-                "version": INDEX_VERSION, "content_id": content_id, "sentences": merger.n_sentences,
-                "tokens": merger.n_tokens, "types": len(types),
-                "bytes": {name: os.path.getsize(os.path.join(tmp, name)) for name in _FILES},
-                "sha256": {name: file_sha256(os.path.join(tmp, name)) for name in _FILES}})
+            write_json(
+                os.path.join(tmp, "meta.json"),
+                {  # last: an index is complete when it exists
+                    "version": INDEX_VERSION,
+                    "content_id": content_id,
+                    "sentences": merger.n_sentences,
+                    "tokens": merger.n_tokens,
+                    "types": len(types),
+                    "bytes": {name: os.path.getsize(os.path.join(tmp, name)) for name in _FILES},
+                    "sha256": {name: file_sha256(os.path.join(tmp, name)) for name in _FILES},
+                },
+            )
             replace_dir(tmp, folder)
             tmp = None
             index = TokenIndex.open(folder, verify=False)  # just written and hashed
@@ -367,8 +396,10 @@ def build_token_index(source, folder: str | os.PathLike | None = None, workers: 
         if tmp is not None:
             shutil.rmtree(tmp, ignore_errors=True)
     if log is not None:
-        log(f"indexed {n:,} sentences ({index.num_tokens():,} tokens, {index.num_types:,} distinct) in "
-            f"{time.perf_counter() - t0:.1f} s" + (f" -> {folder}" if folder else ""))
+        log(
+            f"indexed {n:,} sentences ({index.num_tokens():,} tokens, {index.num_types:,} distinct) in "
+            f"{time.perf_counter() - t0:.1f} s" + (f" -> {folder}" if folder else "")
+        )
     return index
 
 
@@ -411,14 +442,24 @@ def _index_held_range(start: int, stop: int):
     return _index_range(_HELD_SOURCE, start, stop)
 
 
-def open_or_build(source, folder: str | os.PathLike, workers: int = 0, log: Callable[[str], None] | None = None,
-                  may_build: bool = True) -> TokenIndex:
+def open_or_build(
+    source,
+    folder: str | os.PathLike,
+    workers: int = 0,
+    log: Callable[[str], None] | None = None,
+    may_build: bool = True,
+) -> TokenIndex:
     """The index of ``source`` in ``folder``: opened if it is complete and was built from the
     same content (``source.content_id()``), else built there (replacing what was there)."""
     folder = os.fspath(folder)
     meta = read_meta(folder)
     wanted = source.content_id() if hasattr(source, "content_id") else None
-    if meta is not None and wanted is not None and meta.get("content_id") == wanted and meta["sentences"] == len(source):
+    if (
+        meta is not None
+        and wanted is not None
+        and meta.get("content_id") == wanted
+        and meta["sentences"] == len(source)
+    ):
         try:
             return TokenIndex.open(folder)
         except TokenIndexError as e:

@@ -77,9 +77,7 @@ class Vocabulary:
             if not isinstance(tok, str):
                 raise TypeError(f"vocabulary tokens must be str, got {type(tok).__name__}: {tok!r}")
             if tok in self._token_to_id:
-                raise ValueError(
-                    f"{source}: duplicated token {tok!r} (ids {self._token_to_id[tok]} and {i})"
-                )
+                raise ValueError(f"{source}: duplicated token {tok!r} (ids {self._token_to_id[tok]} and {i})")
             self._token_to_id[tok] = i
         missing = [s for s in SPECIALS if s not in self._token_to_id]
         if missing:
@@ -161,9 +159,7 @@ class Vocabulary:
         first_line: dict[str, int] = {}
         for lineno, tok in read_token_lines(path):
             if tok in first_line:
-                raise ValueError(
-                    f"{path}, line {lineno}: duplicated token {tok!r} (first on line {first_line[tok]})"
-                )
+                raise ValueError(f"{path}, line {lineno}: duplicated token {tok!r} (first on line {first_line[tok]})")
             first_line[tok] = lineno
             tokens.append(tok)
         return cls(tokens, source=f"vocabulary file {path}")

@@ -40,8 +40,17 @@ from concurrent.futures.process import BrokenProcessPool
 from elmo_jax.atomic import process_alive
 from elmo_jax.errors import ElmoError
 
-__all__ = ["DataWorkerError", "REIMPORTED_MAIN_EXIT", "context", "exit_if_starting_worker", "pool_failure",
-           "start_pool", "stop_pool", "worker_pool", "worker_statuses"]
+__all__ = [
+    "DataWorkerError",
+    "REIMPORTED_MAIN_EXIT",
+    "context",
+    "exit_if_starting_worker",
+    "pool_failure",
+    "start_pool",
+    "stop_pool",
+    "worker_pool",
+    "worker_statuses",
+]
 
 REIMPORTED_MAIN_EXIT = 97
 """Exit status of a worker that re-ran its owner's unguarded script up to elmo-jax work."""
@@ -149,8 +158,12 @@ def start_pool(workers: int, initializer=None, initargs: tuple = ()) -> ProcessP
     """A pool of ``workers`` processes (started as tasks arrive) set up as the module
     docstring says, then running ``initializer(*initargs)``."""
     exit_if_starting_worker()
-    return _Pool(int(workers), mp_context=context(), initializer=_worker_start,
-                 initargs=(os.getpid(), initializer, tuple(initargs)))
+    return _Pool(
+        int(workers),
+        mp_context=context(),
+        initializer=_worker_start,
+        initargs=(os.getpid(), initializer, tuple(initargs)),
+    )
 
 
 def _processes(pool: ProcessPoolExecutor) -> list:
@@ -240,7 +253,9 @@ def unguarded_main() -> str | None:
     except (OSError, SyntaxError, ValueError):
         return None
     for node in tree.body:
-        if isinstance(node, ast.If) and any(isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(node.test)):
+        if isinstance(node, ast.If) and any(
+            isinstance(n, ast.Name) and n.id == "__name__" for n in ast.walk(node.test)
+        ):
             return None
     return path
 
@@ -257,7 +272,8 @@ def reimport_error(statuses: list[tuple[int, int | None]]) -> DataWorkerError | 
         error = DataWorkerError(
             f"the data worker processes ran {where} top-level code again and stopped: Python starts each "
             f"worker by importing the main script (the 'forkserver' method), so a script that uses "
-            f"data_workers must put its work under `if __name__ == \"__main__\":` (or use data_workers=0)")
+            f'data_workers must put its work under `if __name__ == "__main__":` (or use data_workers=0)'
+        )
         error.reimported = True
         return error
     return None
@@ -269,7 +285,8 @@ def pool_failure(pool: ProcessPoolExecutor, error: BaseException, what: str) -> 
     statuses = worker_statuses(pool)
     return reimport_error(statuses) or DataWorkerError(
         f"a {what} worker process died ({describe_dead(statuses)}; {type(error).__name__}: {error}). "
-        f"Was it killed, or out of memory? Try fewer data_workers")
+        f"Was it killed, or out of memory? Try fewer data_workers"
+    )
 
 
 @contextlib.contextmanager

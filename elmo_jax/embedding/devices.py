@@ -26,12 +26,15 @@ def resolve_devices(devices: Devices) -> list[jax.Device]:
     if devices is None:
         return list(local)
     if isinstance(devices, (bool, str, bytes)) or not isinstance(devices, (int, np.integer, Sequence)):
-        raise TypeError(f"devices must be None (every local device), a count or a list of jax devices, "
-                        f"got {type(devices).__name__}")
+        raise TypeError(
+            f"devices must be None (every local device), a count or a list of jax devices, got {type(devices).__name__}"
+        )
     if isinstance(devices, (int, np.integer)):
         if not 1 <= devices <= len(local):
-            raise ValueError(f"devices={devices}: this process has {len(local)} local "
-                             f"{local[0].platform} device(s); give 1..{len(local)} or None for all of them")
+            raise ValueError(
+                f"devices={devices}: this process has {len(local)} local "
+                f"{local[0].platform} device(s); give 1..{len(local)} or None for all of them"
+            )
         return list(local[:devices])
     out = list(devices)
     if not out:
@@ -55,8 +58,10 @@ def parse_devices(text: str) -> Devices:
     if text.isdigit():
         n, local = int(text), jax.local_devices()
         if not 1 <= n <= len(local):  # checked now, before a model is loaded
-            raise ValueError(f"--devices {n}: this process has {len(local)} local {local[0].platform} "
-                             f"device(s); give 1..{len(local)}, or all")
+            raise ValueError(
+                f"--devices {n}: this process has {len(local)} local {local[0].platform} "
+                f"device(s); give 1..{len(local)}, or all"
+            )
         return n
     if text.startswith("id:"):
         try:
@@ -70,10 +75,12 @@ def parse_devices(text: str) -> Devices:
         if ids and not missing:
             return [local[i] for i in ids]
         if missing:
-            raise ValueError(f"--devices {text}: no local device has id {missing[0]}; this process's "
-                             f"devices are {sorted(local)}")
-    raise ValueError(f"--devices {text!r}: give 'all' (every local device), a count such as 4, or device "
-                     f"ids such as id:0,2")
+            raise ValueError(
+                f"--devices {text}: no local device has id {missing[0]}; this process's devices are {sorted(local)}"
+            )
+    raise ValueError(
+        f"--devices {text!r}: give 'all' (every local device), a count such as 4, or device ids such as id:0,2"
+    )
 
 
 def rows_sharding(mesh: Mesh, ndim: int, axis: int) -> NamedSharding:
@@ -111,11 +118,14 @@ class Placement:
     def put_rows(self, tree, axis: int = 0):
         """``tree``'s arrays split over the devices along ``axis`` (its size must be a
         multiple of the device count)."""
+
         def put(x):
             x = x if isinstance(x, jax.Array) else np.asarray(x)
             if x.shape[axis] % self.n_devices:
-                raise ValueError(f"{x.shape[axis]} rows (axis {axis} of shape {x.shape}) do not split over "
-                                 f"{self.n_devices} devices; pad them to a multiple of {self.n_devices}")
+                raise ValueError(
+                    f"{x.shape[axis]} rows (axis {axis} of shape {x.shape}) do not split over "
+                    f"{self.n_devices} devices; pad them to a multiple of {self.n_devices}"
+                )
             if self.n_devices == 1:
                 return jax.device_put(x, self._one_device())
             return jax.device_put(x, rows_sharding(self.mesh, x.ndim, axis))

@@ -98,7 +98,8 @@ def _refuse_protected(output_path: str, input_path, elmo) -> None:
         if os.path.commonpath([real, os.path.realpath(folder)]) == os.path.realpath(folder):
             raise OutputIsInputError(
                 f"the output {output_path} is a file of the {role} {folder}; replacing it would damage that "
-                f"folder, whatever --overwrite says: write the embeddings elsewhere")
+                f"folder, whatever --overwrite says: write the embeddings elsewhere"
+            )
 
 
 class _Stop:
@@ -192,16 +193,20 @@ def embed_file(
     if process_count == 1 and os.path.isdir(output_path):
         raise ElmoError(f"output {output_path} is a folder; give a file name such as out.hdf5")
     if process_count > 1 and os.path.isfile(output_path):
-        raise ElmoError(f"output {output_path} is a file; a {process_count}-process run writes a folder of shards: "
-                        f"give a new name such as out.shards")
+        raise ElmoError(
+            f"output {output_path} is a file; a {process_count}-process run writes a folder of shards: "
+            f"give a new name such as out.shards"
+        )
     if os.path.exists(output_path) and not overwrite:
         raise FileExistsError(f"{output_path} exists; pass --overwrite (overwrite=True) to replace it")
     folder = os.path.dirname(output_path)
     if not os.path.isdir(folder):
         raise FileNotFoundError(f"output folder does not exist: {folder}")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise ElmoError(f"cannot write in the output folder {folder} (Permission denied); choose an output "
-                        f"file in a folder you can write to")
+        raise ElmoError(
+            f"cannot write in the output folder {folder} (Permission denied); choose an output "
+            f"file in a folder you can write to"
+        )
 
     scan = scan_input(input_path, group_lines, max_tokens)
     batch_size = elmo.batch_size if batch_size is None else batch_size
@@ -212,8 +217,13 @@ def embed_file(
     run = {
         "input": scan.fingerprint(),
         "model": embed_state.model_digest(elmo),
-        "options": {"layers": layers, "layout": layout, "batch_size": batch_size, "group_lines": group_lines,
-                    "dtype": str(getattr(elmo, "dtype", "float32"))},
+        "options": {
+            "layers": layers,
+            "layout": layout,
+            "batch_size": batch_size,
+            "group_lines": group_lines,
+            "dtype": str(getattr(elmo, "dtype", "float32")),
+        },
         "shard": {"index": process_index, "count": process_count, "first_line": first_line, "end_line": end_line},
     }
     if process_count == 1:
@@ -227,18 +237,37 @@ def embed_file(
         if final != output_path and os.path.exists(final):
             os.remove(final)
     with _stop_on_signals() as stop:
-        done = _embed_range(elmo, scan, run, state_dir, final, first_group, end_group, batch_size,
-                            progress=progress, stop=stop, say=say)
+        done = _embed_range(
+            elmo, scan, run, state_dir, final, first_group, end_group, batch_size, progress=progress, stop=stop, say=say
+        )
     if process_count > 1:
         done = _finish_shards(run, scan, work, output_path, overwrite, done, say)
     seconds = time.perf_counter() - start
     devices = getattr(elmo, "devices", None)
-    return {**done, "seconds": seconds, "devices": len(devices) if devices else 1, "hosts": process_count,
-            "output": output_path, "lines": end_line - first_line}
+    return {
+        **done,
+        "seconds": seconds,
+        "devices": len(devices) if devices else 1,
+        "hosts": process_count,
+        "output": output_path,
+        "lines": end_line - first_line,
+    }
 
 
-def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, first_group: int,
-                 end_group: int, batch_size: int, *, progress, stop, say) -> dict:
+def _embed_range(
+    elmo,
+    scan: InputScan,
+    run: dict,
+    state_dir: str,
+    final: str,
+    first_group: int,
+    end_group: int,
+    batch_size: int,
+    *,
+    progress,
+    stop,
+    say,
+) -> dict:
     """Embed groups ``[first_group, end_group)`` into ``final``, resuming from ``state_dir``."""
     shard = run["shard"]
     layout, layers = run["options"]["layout"], run["options"]["layers"]
@@ -248,28 +277,35 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
         with embed_layouts.open_h5(final, "r") as f:
             other = embed_state.compare(embed_layouts.run_of(f), run)
         if other:
-            raise EmbedStateError(f"{final} is a finished shard of another run: {other}; to start over, delete "
-                                  f"{os.path.dirname(final)} or pass --restart")
+            raise EmbedStateError(
+                f"{final} is a finished shard of another run: {other}; to start over, delete "
+                f"{os.path.dirname(final)} or pass --restart"
+            )
         say(f"shard {shard['index']} of {shard['count']} is already complete: {final}")
         return result
     saved = embed_state.read_progress(state_dir)
     if saved is not None and os.path.exists(data):
         other = embed_state.compare(saved["run"], run)
         if other:
-            raise EmbedStateError(f"{state_dir} holds a partial run that does not match this one: {other}; nothing "
-                                  f"was mixed. To start over, delete {state_dir} or pass --restart")
+            raise EmbedStateError(
+                f"{state_dir} holds a partial run that does not match this one: {other}; nothing "
+                f"was mixed. To start over, delete {state_dir} or pass --restart"
+            )
         lines_done = saved["lines_done"]
         try:
             with embed_layouts.open_h5(data, "r+") as f:
                 embed_layouts.truncate(f, shard["first_line"], lines_done - shard["first_line"], scan.group_lines)
         except OSError as e:
-            raise EmbedStateError(f"the partial output {data} cannot be opened ({e}); delete {state_dir} or pass "
-                                  f"--restart to start over") from None
+            raise EmbedStateError(
+                f"the partial output {data} cannot be opened ({e}); delete {state_dir} or pass --restart to start over"
+            ) from None
         embed_state.fsync_path(data)
         if lines_done > shard["first_line"]:
             result["resumed_from"] = lines_done
-            say(f"resuming from line {lines_done + 1} ({lines_done - shard['first_line']} of "
-                f"{shard['end_line'] - shard['first_line']} lines were done; state in {state_dir})")
+            say(
+                f"resuming from line {lines_done + 1} ({lines_done - shard['first_line']} of "
+                f"{shard['end_line'] - shard['first_line']} lines were done; state in {state_dir})"
+            )
         sentences, tokens = saved["sentences"], saved["tokens"]
     else:  # new, or killed before its first checkpoint
         lines_done, sentences, tokens = shard["first_line"], 0, 0
@@ -283,16 +319,23 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
         except OSError as e:
             shutil.rmtree(state_dir, ignore_errors=True)
             folder = os.path.dirname(state_dir)
-            raise ElmoError(f"cannot write in the output folder {folder} ({e.strerror or e}); choose an output "
-                            f"file in a folder you can write to") from None
+            raise ElmoError(
+                f"cannot write in the output folder {folder} ({e.strerror or e}); choose an output "
+                f"file in a folder you can write to"
+            ) from None
 
     bar = None
     if progress or (progress is None and shard["end_line"] - shard["first_line"] > PROGRESS_THRESHOLD):
         from tqdm.auto import tqdm
 
         desc = "embed" if shard["count"] == 1 else f"embed shard {shard['index']}"
-        bar = tqdm(total=shard["end_line"] - shard["first_line"], initial=lines_done - shard["first_line"],
-                   unit="sent", desc=desc, smoothing=0.1)
+        bar = tqdm(
+            total=shard["end_line"] - shard["first_line"],
+            initial=lines_done - shard["first_line"],
+            unit="sent",
+            desc=desc,
+            smoothing=0.1,
+        )
     try:
         for group in range(lines_done // scan.group_lines, end_group):
             texts = read_group(scan, group)
@@ -313,9 +356,11 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
                 tokens += n_tokens
                 embed_state.write_progress(state_dir, run, lines_done, sentences, tokens)
             except OSError as e:
-                raise ElmoError(f"cannot write the partial output in {state_dir} ({e}); the lines before "
-                                f"{lines_done + 1} are kept: free space (or fix the folder) and run the same "
-                                f"command again to continue") from None
+                raise ElmoError(
+                    f"cannot write the partial output in {state_dir} ({e}); the lines before "
+                    f"{lines_done + 1} are kept: free space (or fix the folder) and run the same "
+                    f"command again to continue"
+                ) from None
             finally:
                 stop.writing = False
             result["sentences"] += len(texts)
@@ -326,22 +371,28 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
                 raise Stopped(stop.pending)
     except KeyboardInterrupt as e:
         name = stopped_by(e)
-        raise EmbedStopped(name, f"stopped by {name} after line {lines_done} of {shard['end_line']}; the partial "
-                                 f"output is kept in {state_dir}: run the same command again to continue") from None
+        raise EmbedStopped(
+            name,
+            f"stopped by {name} after line {lines_done} of {shard['end_line']}; the partial "
+            f"output is kept in {state_dir}: run the same command again to continue",
+        ) from None
     finally:
         if bar is not None:
             bar.close()
     try:
         if layout == "allennlp":  # sentence_to_index: about the input's bytes
-            embed_state.reserve_space(data, 2 * (scan.size if shard["count"] == 1 else
-                                                 scan.size // shard["count"] * 2) + RESERVE_MARGIN)
+            embed_state.reserve_space(
+                data, 2 * (scan.size if shard["count"] == 1 else scan.size // shard["count"] * 2) + RESERVE_MARGIN
+            )
         with embed_layouts.open_h5(data, "r+") as f:
             embed_layouts.finish(f, _lines(scan, first_group, end_group))
         embed_state.fsync_path(data)
         os.replace(data, final)
     except OSError as e:
-        raise ElmoError(f"cannot finish the output {final} ({e}); the partial output is kept in {state_dir}: free "
-                        f"space and run the same command again") from None
+        raise ElmoError(
+            f"cannot finish the output {final} ({e}); the partial output is kept in {state_dir}: free "
+            f"space and run the same command again"
+        ) from None
     shutil.rmtree(state_dir, ignore_errors=True)
     result["total_sentences"], result["total_tokens"] = sentences, tokens
     return result
@@ -350,8 +401,7 @@ def _embed_range(elmo, scan: InputScan, run: dict, state_dir: str, final: str, f
 def _group_bytes(arrays: list, texts: list[str]) -> int:
     """Disk a group may take: its arrays twice over (a chunk is allocated whole), its text,
     a few KiB of HDF5 objects per sentence, and a margin."""
-    return (2 * sum(a.nbytes for a in arrays) + sum(len(t.encode()) for t in texts) + 4096 * len(texts)
-            + RESERVE_MARGIN)
+    return 2 * sum(a.nbytes for a in arrays) + sum(len(t.encode()) for t in texts) + 4096 * len(texts) + RESERVE_MARGIN
 
 
 def _lines(scan: InputScan, first_group: int, end_group: int):
@@ -361,8 +411,7 @@ def _lines(scan: InputScan, first_group: int, end_group: int):
             yield group * scan.group_lines + k, text
 
 
-def _finish_shards(run: dict, scan: InputScan, work: str, output_path: str, overwrite: bool, done: dict,
-                   say) -> dict:
+def _finish_shards(run: dict, scan: InputScan, work: str, output_path: str, overwrite: bool, done: dict, say) -> dict:
     """Wait for every process's shard; process 0 writes the manifest and puts the folder in place.
     Returns ``done`` with the job's counts: every process's ``sentences`` and ``tokens`` added up."""
     import jax
@@ -370,17 +419,31 @@ def _finish_shards(run: dict, scan: InputScan, work: str, output_path: str, over
     from elmo_jax.train import distributed
 
     shard = run["shard"]
-    mine = {"file": shard_name(shard["index"], shard["count"]), "first_line": shard["first_line"],
-            "end_line": shard["end_line"],
-            "counts": {k: done[k] for k in ("sentences", "tokens", "resumed_from")}}
+    mine = {
+        "file": shard_name(shard["index"], shard["count"]),
+        "first_line": shard["first_line"],
+        "end_line": shard["end_line"],
+        "counts": {k: done[k] for k in ("sentences", "tokens", "resumed_from")},
+    }
     shards = distributed.allgather_json("embed/shards", mine, timeout_s=_FOREVER_S)
     counts = [s.pop("counts") for s in shards]  # the rest is the manifest's list of shards
-    job = {**done, "sentences": sum(c["sentences"] for c in counts), "tokens": sum(c["tokens"] for c in counts),
-           "resumed": [(p, c["resumed_from"]) for p, c in enumerate(counts) if c["resumed_from"] is not None]}
+    job = {
+        **done,
+        "sentences": sum(c["sentences"] for c in counts),
+        "tokens": sum(c["tokens"] for c in counts),
+        "resumed": [(p, c["resumed_from"]) for p, c in enumerate(counts) if c["resumed_from"] is not None],
+    }
     if jax.process_index() == 0:
-        manifest = {"format": MANIFEST_FORMAT, "version": 1, "layout": run["options"]["layout"],
-                    "layers": run["options"]["layers"], "lines": scan.n_lines, "input": run["input"],
-                    "model": run["model"], "shards": shards}
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "version": 1,
+            "layout": run["options"]["layout"],
+            "layers": run["options"]["layers"],
+            "lines": scan.n_lines,
+            "input": run["input"],
+            "model": run["model"],
+            "shards": shards,
+        }
         write_json(os.path.join(work, MANIFEST_FILE), manifest)
         if os.path.exists(output_path) and not overwrite:
             raise FileExistsError(f"{output_path} appeared while embedding; the shards are kept in {work}")

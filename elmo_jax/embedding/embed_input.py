@@ -42,8 +42,13 @@ class InputScan:
         return len(self.group_offsets)
 
     def fingerprint(self) -> dict:
-        return {"path": self.path, "size": self.size, "mtime_ns": self.mtime_ns, "sha256": self.sha256,
-                "lines": self.n_lines}
+        return {
+            "path": self.path,
+            "size": self.size,
+            "mtime_ns": self.mtime_ns,
+            "sha256": self.sha256,
+            "lines": self.n_lines,
+        }
 
 
 def _open_input(path: str):
@@ -80,7 +85,8 @@ def scan_input(path: str | os.PathLike, group_lines: int, max_tokens: int) -> In
                 if n > max_tokens:
                     raise BadInputLine(
                         f"{path}, line {lineno}: {n} tokens, more than --max-tokens {max_tokens}: a line is one "
-                        f"sentence; split the line into sentences, or raise --max-tokens if it really is one")
+                        f"sentence; split the line into sentences, or raise --max-tokens if it really is one"
+                    )
         except OSError as e:
             raise ElmoError(f"cannot read input file {path} ({e.strerror})") from None
     if lineno == 0:

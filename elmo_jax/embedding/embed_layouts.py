@@ -136,5 +136,4 @@ def finish(f: h5py.File, texts) -> None:
     index = {}
     for line, text in texts:
         index[text] = str(line)
-    f.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype(),
-                     data=[json.dumps(index, ensure_ascii=False)])
+    f.create_dataset("sentence_to_index", (1,), dtype=h5py.string_dtype(), data=[json.dumps(index, ensure_ascii=False)])

@@ -78,9 +78,10 @@ def read_progress(state_dir: str) -> dict | None:
 
 
 def write_progress(state_dir: str, run: dict, lines_done: int, sentences: int, tokens: int) -> None:
-    write_json(os.path.join(state_dir, PROGRESS_FILE),
-               {"version": VERSION, "run": run, "lines_done": lines_done, "sentences": sentences,
-                "tokens": tokens})
+    write_json(
+        os.path.join(state_dir, PROGRESS_FILE),
+        {"version": VERSION, "run": run, "lines_done": lines_done, "sentences": sentences, "tokens": tokens},
+    )
     fsync_path(state_dir)
 
 
@@ -88,17 +89,23 @@ def compare(saved: dict, run: dict) -> str | None:
     """What makes ``saved`` (a run record) another run than ``run``, in words; None if the same."""
     s_in, r_in = saved.get("input", {}), run["input"]
     if s_in.get("sha256") != r_in["sha256"] or s_in.get("lines") != r_in["lines"]:
-        return (f"the input file changed: {r_in['path']} now has {r_in['lines']} lines, sha256 "
-                f"{r_in['sha256'][:12]}..., the partial run read {s_in.get('lines')} lines, sha256 "
-                f"{str(s_in.get('sha256'))[:12]}...")
+        return (
+            f"the input file changed: {r_in['path']} now has {r_in['lines']} lines, sha256 "
+            f"{r_in['sha256'][:12]}..., the partial run read {s_in.get('lines')} lines, sha256 "
+            f"{str(s_in.get('sha256'))[:12]}..."
+        )
     if saved.get("model") != run["model"]:
-        return (f"the model changed: its parameters' digest is now {run['model'][:12]}..., the partial run "
-                f"used {str(saved.get('model'))[:12]}...")
+        return (
+            f"the model changed: its parameters' digest is now {run['model'][:12]}..., the partial run "
+            f"used {str(saved.get('model'))[:12]}..."
+        )
     for key, value in run["options"].items():
         if saved.get("options", {}).get(key) != value:
             return f"the option {key} is now {value!r}, the partial run used {saved.get('options', {}).get(key)!r}"
     if saved.get("shard") != run["shard"]:
-        return (f"the process layout changed: this process embeds lines {run['shard']['first_line']}-"
-                f"{run['shard']['end_line'] - 1} as shard {run['shard']['index']} of {run['shard']['count']}, the "
-                f"partial run's shard was {saved.get('shard')}")
+        return (
+            f"the process layout changed: this process embeds lines {run['shard']['first_line']}-"
+            f"{run['shard']['end_line'] - 1} as shard {run['shard']['index']} of {run['shard']['count']}, the "
+            f"partial run's shard was {saved.get('shard')}"
+        )
     return None

@@ -65,7 +65,6 @@ The pieces live in :mod:`elmo_jax.embedding` (buckets, host preparation, devices
 programs, LSTM state, token cache, outputs); ``Elmo`` composes them.
 """
 
-
 from __future__ import annotations
 
 import itertools
@@ -80,16 +79,34 @@ from elmo_jax import chars
 from elmo_jax.atomic import atomic_path, refuse_output_over_inputs
 from elmo_jax.config import ConfigError, ElmoConfig
 from elmo_jax.data.vocab import read_token_lines
-from elmo_jax.embedding.buckets import (MIN_ENCODER_TOKENS, MIN_SCAN_LENGTH, N_MARKERS, encoder_bucket, n_row_buckets,
-                                        round_to_devices, row_bucket, scan_length_bucket, time_bucket, time_buckets)
+from elmo_jax.embedding.buckets import (
+    MIN_ENCODER_TOKENS,
+    MIN_SCAN_LENGTH,
+    N_MARKERS,
+    encoder_bucket,
+    n_row_buckets,
+    round_to_devices,
+    row_bucket,
+    scan_length_bucket,
+    time_bucket,
+    time_buckets,
+)
 from elmo_jax.embedding.devices import Devices, Placement
-from elmo_jax.embedding.host import (CacheRows, CallTokens, Group, Sentence, maybe_ahead, plan_groups, prepare_group,
-                                     sentence_list, token_lists)
+from elmo_jax.embedding.host import (
+    CacheRows,
+    CallTokens,
+    Group,
+    Sentence,
+    maybe_ahead,
+    plan_groups,
+    prepare_group,
+    sentence_list,
+    token_lists,
+)
 from elmo_jax.embedding.outputs import LAYER_MODES, check_layers, empty_outputs, reduce_layers, split_rows
 from elmo_jax.embedding.programs import Programs
 from elmo_jax.embedding.state import LstmStates
-from elmo_jax.embedding.token_cache import (ANY_PRECISION, TokenCache, check_vocab, current_precision,
-                                            read_cache_vectors)
+from elmo_jax.embedding.token_cache import ANY_PRECISION, TokenCache, check_vocab, current_precision, read_cache_vectors
 from elmo_jax.errors import ElmoError
 from elmo_jax.model.bilm import init_params
 from elmo_jax.model.precision import compute_dtype
@@ -112,13 +129,22 @@ class Elmo:
     (the first ``n``) or a list of devices; see "Devices" in :mod:`elmo_jax.embedding.embedder`.
     """
 
-    def __init__(self, config: ElmoConfig, params: dict, batch_size: int = 64, dtype: str = "float32",
-                 devices: Devices = None, token_ids=None):
+    def __init__(
+        self,
+        config: ElmoConfig,
+        params: dict,
+        batch_size: int = 64,
+        dtype: str = "float32",
+        devices: Devices = None,
+        token_ids=None,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         if token_ids is None and config.vocab is not None:
-            raise ValueError("a vocabulary model (config.vocab) needs token_ids=VocabIds(...) from its .dic files; "
-                             "Elmo.load(folder) reads them")
+            raise ValueError(
+                "a vocabulary model (config.vocab) needs token_ids=VocabIds(...) from its .dic files; "
+                "Elmo.load(folder) reads them"
+            )
         # Tokens -> ids: UTF-8 bytes, or a vocabulary model's char.dic / word.dic (manylangs.VocabIds).
         self.token_ids = token_ids or chars.ByteIds(config.char_cnn.max_characters_per_token)
         self.config = config
@@ -221,19 +247,27 @@ class Elmo:
             raise ValueError("Elmo.load needs model_dir, or both options_file and weight_file")
         else:
             model = read_files(options_file, weight_file)
-        elmo = cls(model.config, model.params, batch_size=batch_size, dtype=dtype, token_ids=model.token_ids,
-                   devices=devices)
+        elmo = cls(
+            model.config, model.params, batch_size=batch_size, dtype=dtype, token_ids=model.token_ids, devices=devices
+        )
         elmo.source_files = {"model's options file": model.options_file, "model's weight file": model.weight_file}
         return elmo
 
     @classmethod
-    def random(cls, config: ElmoConfig | str = "tiny", seed: int = 0, batch_size: int = 64,
-               dtype: str = "float32", devices: Devices = None) -> "Elmo":
+    def random(
+        cls,
+        config: ElmoConfig | str = "tiny",
+        seed: int = 0,
+        batch_size: int = 64,
+        dtype: str = "float32",
+        devices: Devices = None,
+    ) -> "Elmo":
         """A randomly initialised model (a preset name or an ``ElmoConfig``)."""
         if isinstance(config, str):
             config = ElmoConfig.preset(config)
-        return cls(config, init_params(jax.random.key(seed), config), batch_size=batch_size, dtype=dtype,
-                   devices=devices)
+        return cls(
+            config, init_params(jax.random.key(seed), config), batch_size=batch_size, dtype=dtype, devices=devices
+        )
 
     def save(self, model_dir: str | os.PathLike, overwrite: bool = False) -> None:
         """Write ``options.json`` + ``weights.hdf5`` in the released models' layout.
@@ -247,9 +281,7 @@ class Elmo:
         targets = [os.path.join(model_dir, n) for n in (OPTIONS_FILE, WEIGHTS_FILE)]
         existing = [t for t in targets if os.path.exists(t)]
         if existing and not overwrite:
-            raise FileExistsError(
-                f"{', '.join(existing)} already exist(s); pass overwrite=True to replace"
-            )
+            raise FileExistsError(f"{', '.join(existing)} already exist(s); pass overwrite=True to replace")
         os.makedirs(model_dir, exist_ok=True)
         with atomic_path(targets[1]) as weights_tmp, atomic_path(targets[0]) as options_tmp:
             save_weights(self.params, self.config, weights_tmp)
@@ -381,8 +413,11 @@ class Elmo:
 
         def to_host(group: Group, out: jax.Array) -> list[np.ndarray]:
             host = np.asarray(out)
-            return split_rows(host if layers == "all" else host[None], [lengths[i] for i in group.plan.indices],
-                              squeeze=layers != "all")
+            return split_rows(
+                host if layers == "all" else host[None],
+                [lengths[i] for i in group.plan.indices],
+                squeeze=layers != "all",
+            )
 
         try:
             # One group in flight: the next group is dispatched (jax runs it asynchronously)
@@ -409,9 +444,11 @@ class Elmo:
         if self._cache is None:
             return None
         if not self._cache.belongs_to(jax.tree.leaves(self.params)):
-            warnings.warn("elmo.params changed since the token cache was built: the cache belonged to the old "
-                          "parameters and was dropped; call cache_vocabulary(...) again for the new ones",
-                          stacklevel=4)
+            warnings.warn(
+                "elmo.params changed since the token cache was built: the cache belonged to the old "
+                "parameters and was dropped; call cache_vocabulary(...) again for the new ones",
+                stacklevel=4,
+            )
             self.clear_token_cache()
             return None
         return self._cache if self._cache.serves(current_precision()) else None
@@ -512,5 +549,17 @@ class Elmo:
         return np.asarray(self._encode(self.params, self.config, ids))[: len(words)]
 
 
-__all__ = ["Elmo", "ConfigError", "time_bucket", "time_buckets", "row_bucket", "scan_length_bucket",
-           "n_row_buckets", "LAYER_MODES", "MIN_SCAN_LENGTH", "N_MARKERS", "MIN_ENCODER_TOKENS", "Sentence"]
+__all__ = [
+    "Elmo",
+    "ConfigError",
+    "time_bucket",
+    "time_buckets",
+    "row_bucket",
+    "scan_length_bucket",
+    "n_row_buckets",
+    "LAYER_MODES",
+    "MIN_SCAN_LENGTH",
+    "N_MARKERS",
+    "MIN_ENCODER_TOKENS",
+    "Sentence",
+]

@@ -43,8 +43,9 @@ class _File:
         if self.layout is None:
             if "sentence_to_index" not in self.f:
                 self.f.close()
-                raise EmbeddingsFileError(f"{path} is HDF5 but not an embeddings file (no sentence_to_index "
-                                          f"and no {LAYOUT_ATTR} attribute)")
+                raise EmbeddingsFileError(
+                    f"{path} is HDF5 but not an embeddings file (no sentence_to_index and no {LAYOUT_ATTR} attribute)"
+                )
             self.layout = "allennlp"
         if self.layout == "allennlp":  # datasets "first", "first + 1", ...: nothing listed on opening
             run = json.loads(self.f.attrs[RUN_ATTR]) if RUN_ATTR in self.f.attrs else {}
@@ -58,8 +59,10 @@ class _File:
         if self.layout == "allennlp":
             name = str(self.first + i)
             if name not in self.f:
-                raise EmbeddingsFileError(f"{self.f.filename} has {self.n} sentence datasets but no dataset {name!r}: "
-                                          f"not a file with one dataset per line '0', '1', ...")
+                raise EmbeddingsFileError(
+                    f"{self.f.filename} has {self.n} sentence datasets but no dataset {name!r}: "
+                    f"not a file with one dataset per line '0', '1', ..."
+                )
             return self.f[name][...]
         if self.layout == "sentence_vectors":
             return self.f["sentence_vectors"][i]
@@ -94,8 +97,10 @@ class Embeddings:
         if os.path.isdir(self.path):
             manifest_path = os.path.join(self.path, "manifest.json")
             if not os.path.exists(manifest_path):
-                raise EmbeddingsFileError(f"{self.path} is a folder without manifest.json: not the output of a "
-                                          f"multi-process `elmo-jax embed` (or an unfinished one)")
+                raise EmbeddingsFileError(
+                    f"{self.path} is a folder without manifest.json: not the output of a "
+                    f"multi-process `elmo-jax embed` (or an unfinished one)"
+                )
             with open(manifest_path, encoding="utf-8") as f:
                 self.manifest = json.load(f)
             self._files = [_File(os.path.join(self.path, s["file"])) for s in self.manifest["shards"]]

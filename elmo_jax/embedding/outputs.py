@@ -30,20 +30,27 @@ def check_mix_params(mix_params: dict | None, n: int) -> dict:
             "(elmo_jax.model.heads.scalar_mix_init or a trained head)"
         )
     if not isinstance(mix_params, dict):
-        raise ValueError(f'mix_params must be a dict {{"scalars": [L+1], "gamma": scalar}} '
-                         f"(elmo_jax.model.heads.scalar_mix_init or a trained head), got {type(mix_params).__name__}")
+        raise ValueError(
+            f'mix_params must be a dict {{"scalars": [L+1], "gamma": scalar}} '
+            f"(elmo_jax.model.heads.scalar_mix_init or a trained head), got {type(mix_params).__name__}"
+        )
     if "scalars" not in mix_params and isinstance(mix_params.get("mix"), dict):
-        raise ValueError('mix_params takes the ScalarMix itself: pass result.params["mix"] of a '
-                         'trained tagger, not the whole head')
+        raise ValueError(
+            'mix_params takes the ScalarMix itself: pass result.params["mix"] of a trained tagger, not the whole head'
+        )
     if mix_params.get("layer_norm"):  # its statistics would be those of embed's padded groups
-        raise ValueError('mix_params["layer_norm"]: embed does not apply layer norm (its statistics come from a '
-                         'batch of sentences, and embed groups sentences by length); embed with layers="all" '
-                         'and apply scalar_mix(mix_params, layers, mask, layer_norm=True) to your batch, or '
-                         'elmo_jax.finetune.tagger_logits for a trained "mix:layer_norm" head')
+        raise ValueError(
+            'mix_params["layer_norm"]: embed does not apply layer norm (its statistics come from a '
+            'batch of sentences, and embed groups sentences by length); embed with layers="all" '
+            "and apply scalar_mix(mix_params, layers, mask, layer_norm=True) to your batch, or "
+            'elmo_jax.finetune.tagger_logits for a trained "mix:layer_norm" head'
+        )
     unknown = sorted(set(mix_params) - {"scalars", "gamma", "layer_norm"}, key=str)
     if unknown:
-        raise ValueError(f"mix_params has unknown key(s) {', '.join(map(repr, unknown))}; the valid ones are "
-                         f"'scalars' and 'gamma' (and 'layer_norm': False)")
+        raise ValueError(
+            f"mix_params has unknown key(s) {', '.join(map(repr, unknown))}; the valid ones are "
+            f"'scalars' and 'gamma' (and 'layer_norm': False)"
+        )
     scalars = np.asarray(mix_params.get("scalars"), np.float32)
     if scalars.shape != (n,):
         raise ValueError(f"mix_params['scalars'] must have shape ({n},), got {scalars.shape}")

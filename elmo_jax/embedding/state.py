@@ -45,7 +45,8 @@ class LstmStates:
             self.carried = self.placement.put_rows(new, ROWS_AXIS)
         else:
             self.carried = self.placement.put_rows(
-                jax.tree.map(lambda old, s: old.at[:, :, :n_rows].set(s), self.carried, new), ROWS_AXIS)
+                jax.tree.map(lambda old, s: old.at[:, :, :n_rows].set(s), self.carried, new), ROWS_AXIS
+            )
 
     def reset(self) -> None:
         self.carried = None

@@ -77,10 +77,13 @@ def read_cache_vectors(path: str | os.PathLike, n_words: int, projection_dim: in
     except OSError as e:
         damage = hdf5_damage(path, e)
         if damage:
-            raise ElmoError(f"{path} {damage}; copy the token cache again, or rebuild it with "
-                            f"cache_vocabulary + save_token_cache") from None
-        raise ElmoError(f"{path} is not a readable HDF5 token cache ({e}); the cache is the .hdf5 "
-                        f"file, the vocabulary the text file") from None
+            raise ElmoError(
+                f"{path} {damage}; copy the token cache again, or rebuild it with cache_vocabulary + save_token_cache"
+            ) from None
+        raise ElmoError(
+            f"{path} is not a readable HDF5 token cache ({e}); the cache is the .hdf5 "
+            f"file, the vocabulary the text file"
+        ) from None
     with f:
         if "embedding" not in f:
             raise ElmoError(f"{path} has no dataset 'embedding' (found: {', '.join(f.keys()) or 'nothing'})")

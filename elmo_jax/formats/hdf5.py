@@ -110,10 +110,7 @@ def datasets_to_params(datasets: dict[str, np.ndarray], config: ElmoConfig) -> d
     table = datasets["char_embed"]
     params: dict = {
         "char_embed": np.concatenate([np.zeros((1, table.shape[1]), np.float32), table], axis=0),
-        "cnn": [
-            {"w": datasets[f"CNN/W_cnn_{i}"][0], "b": datasets[f"CNN/b_cnn_{i}"]}
-            for i in range(len(c.filters))
-        ],
+        "cnn": [{"w": datasets[f"CNN/W_cnn_{i}"][0], "b": datasets[f"CNN/b_cnn_{i}"]} for i in range(len(c.filters))],
         "highway": [
             {
                 "w_carry": datasets[f"CNN_high_{k}/W_carry"],
@@ -162,8 +159,10 @@ def hdf5_damage(path: str, error: OSError) -> str | None:
         return None
     m = re.search(r"truncated file: eof = (\d+).*stored_eof = (\d+)", str(error))
     if m:
-        return (f"is truncated: it holds {int(m[1]):,} of the {int(m[2]):,} bytes its HDF5 header declares "
-                f"(an interrupted copy or download?)")
+        return (
+            f"is truncated: it holds {int(m[1]):,} of the {int(m[2]):,} bytes its HDF5 header declares "
+            f"(an interrupted copy or download?)"
+        )
     if len(head) < len(HDF5_SIGNATURE):
         return f"is truncated: {size} bytes, shorter than an HDF5 header"
     return f"is a damaged HDF5 file ({error})"
@@ -180,8 +179,9 @@ def load_weights(path: str | os.PathLike, config: ElmoConfig) -> dict:
         damage = hdf5_damage(path, e)
         if damage:
             raise WeightFileError(f"{path} {damage}; copy or download the weight file again") from None
-        raise WeightFileError(f"{path} is not a readable HDF5 file ({e}); the weight file is the "
-                              f".hdf5 one, options.json the JSON one") from None
+        raise WeightFileError(
+            f"{path} is not a readable HDF5 file ({e}); the weight file is the .hdf5 one, options.json the JSON one"
+        ) from None
     datasets = {}
     with f:
         try:
@@ -204,8 +204,9 @@ def load_weights(path: str | os.PathLike, config: ElmoConfig) -> dict:
                     )
                 datasets[name] = np.asarray(f[name][...], dtype=np.float32)
         except OSError as e:  # the header opened, a dataset did not read: the file is damaged
-            raise WeightFileError(f"{path} is a damaged HDF5 file ({e}); copy or download the weight "
-                                  f"file again") from None
+            raise WeightFileError(
+                f"{path} is a damaged HDF5 file ({e}); copy or download the weight file again"
+            ) from None
     check_finite_weights(datasets, path)
     return datasets_to_params(datasets, config)
 
@@ -220,7 +221,8 @@ def check_finite_weights(datasets: dict[str, np.ndarray], source: str) -> None:
             raise WeightFileError(
                 f"{source}: weight {name!r} holds {bad} NaN or infinite value(s) of {array.size}; every "
                 f"vector it gives would be NaN. Use weights from before the damage (an earlier checkpoint "
-                f"exported with `elmo-jax export --step`, or a fresh copy of the file)")
+                f"exported with `elmo-jax export --step`, or a fresh copy of the file)"
+            )
 
 
 _LAYOUT_PREFIXES = ("char_embed", "word_embed", "CNN/", "CNN_high_", "CNN_proj/", "RNN_")
@@ -236,11 +238,15 @@ def _refuse_undescribed(f: h5py.File, path: str, expected: dict) -> None:
     if extra:
         shown = ", ".join(extra[:4]) + (f" and {len(extra) - 4} more" if len(extra) > 4 else "")
         if all(n.startswith("CNN_proj/") for n in extra):
-            why = ("the options give the filters' sum the width of lstm.projection_dim, and such byte-model "
-                   "options have no projection (check filters and lstm.projection_dim)")
+            why = (
+                "the options give the filters' sum the width of lstm.projection_dim, and such byte-model "
+                "options have no projection (check filters and lstm.projection_dim)"
+            )
         else:
-            why = ("the options say fewer layers or filters than the weights have (check n_highway, "
-                   "lstm.n_layers, filters)")
+            why = (
+                "the options say fewer layers or filters than the weights have (check n_highway, "
+                "lstm.n_layers, filters)"
+            )
         raise WeightFileError(f"{path} holds {shown}, which options.json does not describe; {why}")
 
 
@@ -255,8 +261,10 @@ def model_files(model_dir: str | os.PathLike) -> tuple[str, str]:
     """The options and weight files of the model folder ``model_dir``: ``options.json`` and
     ``weights.hdf5``, else its one ``*options*.json`` and one ``*weights*.hdf5``."""
     model_dir = os.fspath(model_dir)
-    return (_find_file(model_dir, OPTIONS_FILE, "options", ".json"),
-            _find_file(model_dir, WEIGHTS_FILE, "weights", ".hdf5"))
+    return (
+        _find_file(model_dir, OPTIONS_FILE, "options", ".json"),
+        _find_file(model_dir, WEIGHTS_FILE, "weights", ".hdf5"),
+    )
 
 
 def _find_file(model_dir: str, preferred_name: str, keyword: str, suffix: str) -> str:

@@ -59,9 +59,15 @@ SOURCE_FILE = "manylangs.json"  # written beside a converted model: where it cam
 # numbers); a model whose config.json names one that is not in its folder uses these.
 _RELEASED_ARCHITECTURE = {
     "encoder": {"name": "elmo", "projection_dim": 512, "cell_clip": 3, "proj_clip": 3, "dim": 4096, "n_layers": 2},
-    "token_embedder": {"name": "cnn", "activation": "relu",
-                       "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]],
-                       "n_highway": 2, "word_dim": 100, "char_dim": 50, "max_characters_per_token": 50},
+    "token_embedder": {
+        "name": "cnn",
+        "activation": "relu",
+        "filters": [[1, 32], [2, 32], [3, 64], [4, 128], [5, 256], [6, 512], [7, 1024]],
+        "n_highway": 2,
+        "word_dim": 100,
+        "char_dim": 50,
+        "max_characters_per_token": 50,
+    },
     "classifier": {"name": "sampled_softmax", "n_samples": 8192},
     "dropout": 0.1,
 }
@@ -75,17 +81,49 @@ SHIPPED_ARCHITECTURES = {
 # also the PyPI description of elmoformanylangs 0.0.4.post2), files at
 # http://vectors.nlpl.eu/repository/11/<id>.zip.  "zh" is the traditional-Chinese Wikipedia model.
 RELEASED = {
-    "ar": (136, "Arabic"), "bg": (137, "Bulgarian"), "ca": (138, "Catalan"), "cs": (139, "Czech"),
-    "cu": (140, "Old Church Slavonic"), "da": (141, "Danish"), "de": (142, "German"), "el": (143, "Greek"),
-    "en": (144, "English"), "es": (145, "Spanish"), "et": (146, "Estonian"), "eu": (147, "Basque"),
-    "fa": (148, "Persian"), "fi": (149, "Finnish"), "fr": (150, "French"), "ga": (151, "Irish"),
-    "gl": (152, "Galician"), "grc": (153, "Ancient Greek"), "he": (154, "Hebrew"), "hi": (155, "Hindi"),
-    "hr": (156, "Croatian"), "hu": (157, "Hungarian"), "id": (158, "Indonesian"), "it": (159, "Italian"),
-    "ja": (160, "Japanese"), "ko": (161, "Korean"), "la": (162, "Latin"), "lv": (163, "Latvian"),
-    "nl": (164, "Dutch"), "nb": (165, "Norwegian Bokmål"), "nn": (166, "Norwegian Nynorsk"),
-    "pl": (167, "Polish"), "pt": (168, "Portuguese"), "ro": (169, "Romanian"), "ru": (170, "Russian"),
-    "sk": (171, "Slovak"), "sl": (172, "Slovene"), "sv": (173, "Swedish"), "tr": (174, "Turkish"),
-    "ug": (175, "Uyghur"), "uk": (176, "Ukrainian"), "ur": (177, "Urdu"), "vi": (178, "Vietnamese"),
+    "ar": (136, "Arabic"),
+    "bg": (137, "Bulgarian"),
+    "ca": (138, "Catalan"),
+    "cs": (139, "Czech"),
+    "cu": (140, "Old Church Slavonic"),
+    "da": (141, "Danish"),
+    "de": (142, "German"),
+    "el": (143, "Greek"),
+    "en": (144, "English"),
+    "es": (145, "Spanish"),
+    "et": (146, "Estonian"),
+    "eu": (147, "Basque"),
+    "fa": (148, "Persian"),
+    "fi": (149, "Finnish"),
+    "fr": (150, "French"),
+    "ga": (151, "Irish"),
+    "gl": (152, "Galician"),
+    "grc": (153, "Ancient Greek"),
+    "he": (154, "Hebrew"),
+    "hi": (155, "Hindi"),
+    "hr": (156, "Croatian"),
+    "hu": (157, "Hungarian"),
+    "id": (158, "Indonesian"),
+    "it": (159, "Italian"),
+    "ja": (160, "Japanese"),
+    "ko": (161, "Korean"),
+    "la": (162, "Latin"),
+    "lv": (163, "Latvian"),
+    "nl": (164, "Dutch"),
+    "nb": (165, "Norwegian Bokmål"),
+    "nn": (166, "Norwegian Nynorsk"),
+    "pl": (167, "Polish"),
+    "pt": (168, "Portuguese"),
+    "ro": (169, "Romanian"),
+    "ru": (170, "Russian"),
+    "sk": (171, "Slovak"),
+    "sl": (172, "Slovene"),
+    "sv": (173, "Swedish"),
+    "tr": (174, "Turkish"),
+    "ug": (175, "Uyghur"),
+    "uk": (176, "Ukrainian"),
+    "ur": (177, "Urdu"),
+    "vi": (178, "Vietnamese"),
     "zh": (179, "Chinese (traditional)"),
 }
 NAME_PREFIX = "manylangs/"
@@ -120,7 +158,7 @@ def released_url(name: str, base: str | None = None) -> str:
     """The archive URL of a released name (``manylangs/fr``); ``$ELMO_JAX_MANYLANGS_URL`` or
     ``base`` replaces the NLPL repository (a mirror)."""
     base = base or os.environ.get(URL_ENV) or DEFAULT_URL
-    return f"{base.rstrip('/')}/{RELEASED[name[len(NAME_PREFIX):]][0]}.zip"
+    return f"{base.rstrip('/')}/{RELEASED[name[len(NAME_PREFIX) :]][0]}.zip"
 
 
 def is_manylangs_folder(folder: str | os.PathLike) -> bool:
@@ -128,13 +166,19 @@ def is_manylangs_folder(folder: str | os.PathLike) -> bool:
     A folder with ``config.json`` and ``char.dic`` but a weight file missing is refused here
     with the names of the missing files (an interrupted copy or unzip)."""
     folder = Path(folder)
-    if not (folder / CONFIG_FILE).is_file() or not (folder / CHAR_DIC).is_file() and not (folder / ENCODER_FILE).is_file():
+    if (
+        not (folder / CONFIG_FILE).is_file()
+        or not (folder / CHAR_DIC).is_file()
+        and not (folder / ENCODER_FILE).is_file()
+    ):
         return False
     missing = [n for n in (TOKEN_EMBEDDER_FILE, ENCODER_FILE) if not (folder / n).is_file()]
     if missing and not any(folder.glob("*options*.json")):
-        raise ManyLangsError(f"{folder} looks like an ELMoForManyLangs model (config.json, char.dic) but "
-                             f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: copy or unzip "
-                             f"the model again")
+        raise ManyLangsError(
+            f"{folder} looks like an ELMoForManyLangs model (config.json, char.dic) but "
+            f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing: copy or unzip "
+            f"the model again"
+        )
     return not missing
 
 
@@ -149,8 +193,9 @@ def read_dic(path: str | os.PathLike) -> dict[str, int]:
         with open(path, encoding="utf-8") as f:
             text = f.read()
     except FileNotFoundError:
-        raise ManyLangsError(f"{path} is missing; an ELMoForManyLangs model folder holds {CHAR_DIC} and "
-                             f"{WORD_DIC} beside config.json") from None
+        raise ManyLangsError(
+            f"{path} is missing; an ELMoForManyLangs model folder holds {CHAR_DIC} and {WORD_DIC} beside config.json"
+        ) from None
     except UnicodeDecodeError as e:
         raise ManyLangsError(f"{path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
     table: dict[str, int] = {}
@@ -193,11 +238,15 @@ class VocabIds:
         folder = Path(folder)
         char2id = read_dic(folder / CHAR_DIC)
         word2id = read_dic(folder / WORD_DIC) if config.word_dim else None
-        for name, table, n in ((CHAR_DIC, char2id, config.vocab.n_chars),
-                               (WORD_DIC, word2id, config.vocab.n_words if config.word_dim else 0)):
+        for name, table, n in (
+            (CHAR_DIC, char2id, config.vocab.n_chars),
+            (WORD_DIC, word2id, config.vocab.n_words if config.word_dim else 0),
+        ):
             if table is not None and table and (max(table.values()) >= n or min(table.values()) < 0):
-                raise ManyLangsError(f"{folder / name} holds ids outside 0..{n - 1}, the rows of the "
-                                     f"model's table: the file does not belong to these weights")
+                raise ManyLangsError(
+                    f"{folder / name} holds ids outside 0..{n - 1}, the rows of the "
+                    f"model's table: the file does not belong to these weights"
+                )
         return cls(config, char2id, word2id)
 
     def save(self, folder: str | os.PathLike) -> None:
@@ -245,9 +294,11 @@ class VocabIds:
         cut = [t for tokens in token_lists for t in tokens if len(t) > keep]
         if not cut:
             return None
-        return (f"{len(cut)} token(s) longer than {keep} characters (the first: {cut[0][:30]!r}) were cut to "
-                f"their first {keep}, as ELMoForManyLangs does (its word is looked up cut too). "
-                f"Said once per Elmo object.")
+        return (
+            f"{len(cut)} token(s) longer than {keep} characters (the first: {cut[0][:30]!r}) were cut to "
+            f"their first {keep}, as ELMoForManyLangs does (its word is looked up cut too). "
+            f"Said once per Elmo object."
+        )
 
 
 # -- conversion -----------------------------------------------------------------------------
@@ -259,8 +310,10 @@ def read_architecture(folder: str | os.PathLike) -> dict:
         meta = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))
         config_path = meta["config_path"]
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise ManyLangsError(f"{folder / CONFIG_FILE} is not an ELMoForManyLangs config.json with a "
-                             f"'config_path' ({type(e).__name__}: {e})") from None
+        raise ManyLangsError(
+            f"{folder / CONFIG_FILE} is not an ELMoForManyLangs config.json with a "
+            f"'config_path' ({type(e).__name__}: {e})"
+        ) from None
     name = os.path.basename(str(config_path).replace("\\", "/"))
     for candidate in (folder / str(config_path), folder / name):
         if candidate.is_file():
@@ -270,49 +323,64 @@ def read_architecture(folder: str | os.PathLike) -> dict:
                 raise ManyLangsError(f"{candidate} is not valid JSON ({e})") from None
     if name in SHIPPED_ARCHITECTURES:
         return json.loads(json.dumps(SHIPPED_ARCHITECTURES[name]))
-    raise ManyLangsError(f"{folder / CONFIG_FILE} names the architecture {config_path!r}, which is neither in "
-                         f"the folder nor one the package ships ({', '.join(SHIPPED_ARCHITECTURES)}); put "
-                         f"that JSON file in {folder}")
+    raise ManyLangsError(
+        f"{folder / CONFIG_FILE} names the architecture {config_path!r}, which is neither in "
+        f"the folder nor one the package ships ({', '.join(SHIPPED_ARCHITECTURES)}); put "
+        f"that JSON file in {folder}"
+    )
 
 
-def elmo_config(architecture: dict, char2id: dict[str, int], word2id: dict[str, int] | None,
-                source: str) -> ElmoConfig:
+def elmo_config(architecture: dict, char2id: dict[str, int], word2id: dict[str, int] | None, source: str) -> ElmoConfig:
     """The architecture JSON and the vocabularies as an :class:`ElmoConfig` with a vocab."""
     try:
         enc, tok = architecture["encoder"], architecture["token_embedder"]
         if str(enc["name"]).lower() != "elmo" or str(tok["name"]).lower() != "cnn":
             raise ManyLangsError(
                 f"{source}: encoder {enc['name']!r} with token_embedder {tok['name']!r}; only the 'elmo' "
-                f"encoder with the 'cnn' token embedder (every released model) is supported")
+                f"encoder with the 'cnn' token embedder (every released model) is supported"
+            )
         if tok["char_dim"] <= 0:
-            raise ManyLangsError(f"{source}: char_dim is {tok['char_dim']}; models without the char CNN "
-                                 f"are not supported")
+            raise ManyLangsError(
+                f"{source}: char_dim is {tok['char_dim']}; models without the char CNN are not supported"
+            )
         word_dim = int(tok["word_dim"])
 
         def need(table, name, keys):
             missing = [k for k in keys if k not in table]
             if missing:
-                raise ManyLangsError(f"{source}: {name} has no {', '.join(missing)} entry, which the package "
-                                     f"requires")
+                raise ManyLangsError(f"{source}: {name} has no {', '.join(missing)} entry, which the package requires")
             return tuple(table[k] for k in keys)
 
         # create_one_batch begins a word with the id of <eow> and ends it with that of <bow>.
         char_ids = need(char2id, CHAR_DIC, ("<eow>", "<bow>", "<bos>", "<eos>", "<oov>", "<pad>"))
         n_chars = len(char2id)  # the package sizes its tables by the entries, not the ids
-        vocab = VocabConfig(n_chars=n_chars, char_ids=char_ids,
-                            n_words=len(word2id) if word_dim else 0, word_dim=word_dim,
-                            word_ids=need(word2id, WORD_DIC, ("<bos>", "<eos>", "<oov>", "<pad>")) if word_dim else ())
+        vocab = VocabConfig(
+            n_chars=n_chars,
+            char_ids=char_ids,
+            n_words=len(word2id) if word_dim else 0,
+            word_dim=word_dim,
+            word_ids=need(word2id, WORD_DIC, ("<bos>", "<eos>", "<oov>", "<pad>")) if word_dim else (),
+        )
         clip = lambda v: float(v) if v else None  # noqa: E731 - the package clips only when truthy
         return ElmoConfig(
-            char_cnn=CharCNNConfig(embedding_dim=int(tok["char_dim"]),
-                                   filters=tuple((int(w), int(n)) for w, n in tok["filters"]),
-                                   n_highway=int(tok["n_highway"]), activation=str(tok["activation"]),
-                                   max_characters_per_token=int(tok["max_characters_per_token"]),
-                                   n_characters=n_chars + 1),
-            lstm=LSTMConfig(dim=int(enc["dim"]), projection_dim=int(enc["projection_dim"]),
-                            n_layers=int(enc["n_layers"]), cell_clip=clip(enc.get("cell_clip")),
-                            proj_clip=clip(enc.get("proj_clip")), use_skip_connections=True),
-            vocab=vocab)
+            char_cnn=CharCNNConfig(
+                embedding_dim=int(tok["char_dim"]),
+                filters=tuple((int(w), int(n)) for w, n in tok["filters"]),
+                n_highway=int(tok["n_highway"]),
+                activation=str(tok["activation"]),
+                max_characters_per_token=int(tok["max_characters_per_token"]),
+                n_characters=n_chars + 1,
+            ),
+            lstm=LSTMConfig(
+                dim=int(enc["dim"]),
+                projection_dim=int(enc["projection_dim"]),
+                n_layers=int(enc["n_layers"]),
+                cell_clip=clip(enc.get("cell_clip")),
+                proj_clip=clip(enc.get("proj_clip")),
+                use_skip_connections=True,
+            ),
+            vocab=vocab,
+        )
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, ElmoError):
             raise
@@ -326,11 +394,14 @@ def params_from_state_dicts(config: ElmoConfig, token_sd: dict, encoder_sd: dict
 
     def get(sd, name, shape, file):
         if name not in sd:
-            raise ManyLangsError(f"{source}: {file} has no tensor {name!r}; is it an ELMoForManyLangs "
-                                 f"{file}, for this config.json?")
+            raise ManyLangsError(
+                f"{source}: {file} has no tensor {name!r}; is it an ELMoForManyLangs {file}, for this config.json?"
+            )
         if tuple(sd[name].shape) != tuple(shape):
-            raise ManyLangsError(f"{source}: {file} tensor {name!r} has shape {tuple(sd[name].shape)}, expected "
-                                 f"{tuple(shape)} from the architecture and the .dic files")
+            raise ManyLangsError(
+                f"{source}: {file} tensor {name!r} has shape {tuple(sd[name].shape)}, expected "
+                f"{tuple(shape)} from the architecture and the .dic files"
+            )
         return f32(sd[name])
 
     tok = lambda name, shape: get(token_sd, name, shape, TOKEN_EMBEDDER_FILE)  # noqa: E731
@@ -338,18 +409,23 @@ def params_from_state_dicts(config: ElmoConfig, token_sd: dict, encoder_sd: dict
     v, f, d = config.vocab, c.n_filters, c.embedding_dim
     table = tok("char_emb_layer.embedding.weight", (v.n_chars, d))
     params: dict = {"char_embed": np.concatenate([np.zeros((1, d), np.float32), table])}
-    params["cnn"] = [{"w": tok(f"convolutions.{i}.weight", (n, d, w)).transpose(2, 1, 0),
-                      "b": tok(f"convolutions.{i}.bias", (n,))} for i, (w, n) in enumerate(c.filters)]
+    params["cnn"] = [
+        {"w": tok(f"convolutions.{i}.weight", (n, d, w)).transpose(2, 1, 0), "b": tok(f"convolutions.{i}.bias", (n,))}
+        for i, (w, n) in enumerate(c.filters)
+    ]
     params["highway"] = []
     for k in range(c.n_highway):
         w, b = tok(f"highways._layers.{k}.weight", (2 * f, f)), tok(f"highways._layers.{k}.bias", (2 * f,))
-        params["highway"].append({"w_transform": w[:f].T.copy(), "b_transform": b[:f].copy(),
-                                  "w_carry": -w[f:].T, "b_carry": -b[f:]})
+        params["highway"].append(
+            {"w_transform": w[:f].T.copy(), "b_transform": b[:f].copy(), "w_carry": -w[f:].T, "b_carry": -b[f:]}
+        )
     if v.word_dim:
         words = tok("word_emb_layer.embedding.weight", (v.n_words, v.word_dim))
         params["word_embed"] = np.concatenate([np.zeros((1, v.word_dim), np.float32), words])
-    params["proj"] = {"w": tok("projection.weight", (l.projection_dim, config.projection_input_dim)).T.copy(),
-                      "b": tok("projection.bias", (l.projection_dim,))}
+    params["proj"] = {
+        "w": tok("projection.weight", (l.projection_dim, config.projection_input_dim)).T.copy(),
+        "b": tok("projection.bias", (l.projection_dim,)),
+    }
     h, p = l.dim, l.projection_dim
     layers = []
     for n in range(l.n_layers):
@@ -379,14 +455,17 @@ def convert(folder: str | os.PathLike, out_dir: str | os.PathLike) -> Path:
     word_dim = architecture.get("token_embedder", {}).get("word_dim", 0) if isinstance(architecture, dict) else 0
     word2id = read_dic(folder / WORD_DIC) if word_dim else None
     config = elmo_config(architecture, char2id, word2id, str(folder))
-    params = params_from_state_dicts(config, load_state_dict(folder / TOKEN_EMBEDDER_FILE),
-                                     load_state_dict(folder / ENCODER_FILE), str(folder))
+    params = params_from_state_dicts(
+        config, load_state_dict(folder / TOKEN_EMBEDDER_FILE), load_state_dict(folder / ENCODER_FILE), str(folder)
+    )
     out_dir.mkdir(parents=True, exist_ok=True)
     save_weights(params, config, out_dir / "weights.hdf5")
     VocabIds(config, char2id, word2id).save(out_dir)
     config.to_json_file(out_dir / "options.json")
-    write_json(out_dir / SOURCE_FILE, {"converted_from": str(folder.resolve()), "format": "ELMoForManyLangs",
-                                       "architecture": architecture})
+    write_json(
+        out_dir / SOURCE_FILE,
+        {"converted_from": str(folder.resolve()), "format": "ELMoForManyLangs", "architecture": architecture},
+    )
     return out_dir
 
 
@@ -446,10 +525,20 @@ def check_vocab_files(folder: str | os.PathLike, config: ElmoConfig) -> None:
     """Refuse a converted folder whose ``.dic`` files are missing."""
     missing = [n for n in (CHAR_DIC, WORD_DIC)[: 1 + bool(config.word_dim)] if not (Path(folder) / n).is_file()]
     if missing:
-        raise ConfigError(f"{folder}: options.json has a vocab section but {' and '.join(missing)} "
-                          f"{'is' if len(missing) == 1 else 'are'} missing beside it; convert the "
-                          f"ELMoForManyLangs folder again (Elmo.load(its folder))")
+        raise ConfigError(
+            f"{folder}: options.json has a vocab section but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} missing beside it; convert the "
+            f"ELMoForManyLangs folder again (Elmo.load(its folder))"
+        )
 
 
-__all__ = ["RELEASED", "VocabIds", "cached_conversion", "convert", "is_manylangs_folder", "read_dic",
-           "released_names", "released_url"]
+__all__ = [
+    "RELEASED",
+    "VocabIds",
+    "cached_conversion",
+    "convert",
+    "is_manylangs_folder",
+    "read_dic",
+    "released_names",
+    "released_url",
+]

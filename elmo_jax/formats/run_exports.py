@@ -31,12 +31,12 @@ RUNS_FOLDER = "runs"  # under the cache root the resolver passes
 def is_training_workdir(path: str | os.PathLike) -> bool:
     """Whether ``path`` is a folder that ``elmo-jax train`` wrote (config.json + checkpoints/)."""
     path = os.fspath(path)
-    return (os.path.isfile(os.path.join(path, "config.json"))
-            and os.path.isdir(os.path.join(path, "checkpoints")))
+    return os.path.isfile(os.path.join(path, "config.json")) and os.path.isdir(os.path.join(path, "checkpoints"))
 
 
-def workdir_model(workdir: str | os.PathLike, cache_root: str | os.PathLike, *,
-                  log: Callable[[str], None] | None = None) -> Path:
+def workdir_model(
+    workdir: str | os.PathLike, cache_root: str | os.PathLike, *, log: Callable[[str], None] | None = None
+) -> Path:
     """The folder (options.json + weights.hdf5 + vocab.txt + softmax.hdf5) of ``workdir``'s
     newest checkpoint, exported into ``cache_root/runs`` on first use (module docstring).
 
@@ -56,8 +56,10 @@ def workdir_model(workdir: str | os.PathLike, cache_root: str | os.PathLike, *,
     finally:
         ckpts.close()
     if step is None:
-        raise ElmoError(f"{workdir} is a training workdir without a checkpoint yet: train it first "
-                        f"(`elmo-jax train --workdir {workdir}`), or give a model folder")
+        raise ElmoError(
+            f"{workdir} is a training workdir without a checkpoint yet: train it first "
+            f"(`elmo-jax train --workdir {workdir}`), or give a model folder"
+        )
     assert checkpoint is not None
     stamp = os.stat(checkpoint).st_mtime_ns
     run_key = f"{os.path.basename(real) or 'run'}-{hashlib.sha256(real.encode()).hexdigest()[:12]}"
@@ -65,8 +67,10 @@ def workdir_model(workdir: str | os.PathLike, cache_root: str | os.PathLike, *,
     folder = runs / f"step-{step}-{stamp:x}"
     if (folder / OPTIONS_FILE).is_file() and (folder / WEIGHTS_FILE).is_file():
         return folder
-    log(f"{workdir} is a training workdir: exporting its checkpoint of step {step} to {folder} "
-        f"(once per checkpoint; `elmo-jax export {workdir} DIR` writes a folder of your own)")
+    log(
+        f"{workdir} is a training workdir: exporting its checkpoint of step {step} to {folder} "
+        f"(once per checkpoint; `elmo-jax export {workdir} DIR` writes a folder of your own)"
+    )
     runs.mkdir(parents=True, exist_ok=True)
     export(real, folder, overwrite=True)
     for old in runs.iterdir():  # the run's earlier exports: superseded by this one

@@ -33,9 +33,16 @@ from elmo_jax.errors import ElmoError
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
 _DTYPES = {
-    "FloatStorage": np.float32, "DoubleStorage": np.float64, "HalfStorage": np.float16,
-    "BFloat16Storage": "bfloat16", "LongStorage": np.int64, "IntStorage": np.int32,
-    "ShortStorage": np.int16, "CharStorage": np.int8, "ByteStorage": np.uint8, "BoolStorage": np.bool_,
+    "FloatStorage": np.float32,
+    "DoubleStorage": np.float64,
+    "HalfStorage": np.float16,
+    "BFloat16Storage": "bfloat16",
+    "LongStorage": np.int64,
+    "IntStorage": np.int32,
+    "ShortStorage": np.int16,
+    "CharStorage": np.int8,
+    "ByteStorage": np.uint8,
+    "BoolStorage": np.bool_,
 }
 
 
@@ -85,8 +92,9 @@ class _TensorRef:
         end = offset + sum((n - 1) * s for n, s in zip(self.size, self.stride)) + 1 if all(self.size) else offset
         if end > data.size:
             raise TorchFileError(f"a tensor of shape {self.size} reaches past its storage of {data.size} elements")
-        return np.lib.stride_tricks.as_strided(data[offset:], shape=self.size,
-                                               strides=tuple(s * data.itemsize for s in self.stride)).copy()
+        return np.lib.stride_tricks.as_strided(
+            data[offset:], shape=self.size, strides=tuple(s * data.itemsize for s in self.stride)
+        ).copy()
 
 
 def _rebuild_tensor(storage, offset, size, stride, *_ignored) -> _TensorRef:
@@ -118,8 +126,10 @@ class _Unpickler(pickle.Unpickler):
             return _StorageType(name)
         if (module, name) in _GLOBALS:
             return _GLOBALS[(module, name)]
-        raise TorchFileError(f"the file pickles {module}.{name}, which a state dict of tensors does not "
-                             f"hold; only files saved with torch.save(model.state_dict()) are read")
+        raise TorchFileError(
+            f"the file pickles {module}.{name}, which a state dict of tensors does not "
+            f"hold; only files saved with torch.save(model.state_dict()) are read"
+        )
 
     def persistent_load(self, pid):
         if not (isinstance(pid, tuple) and len(pid) >= 5 and pid[0] == "storage"):
@@ -149,10 +159,21 @@ def load_state_dict(path: str | os.PathLike) -> dict[str, np.ndarray]:
         return {str(k): v.array() for k, v in obj.items()}
     except TorchFileError as e:
         raise TorchFileError(f"{path}: {e}") from None
-    except (pickle.UnpicklingError, EOFError, struct.error, zipfile.BadZipFile, KeyError, ValueError,
-            IndexError, TypeError, AttributeError) as e:
-        raise TorchFileError(f"{path} is not a readable torch.save file ({type(e).__name__}: {e}); "
-                             f"an interrupted copy or download? copy it again") from None
+    except (
+        pickle.UnpicklingError,
+        EOFError,
+        struct.error,
+        zipfile.BadZipFile,
+        KeyError,
+        ValueError,
+        IndexError,
+        TypeError,
+        AttributeError,
+    ) as e:
+        raise TorchFileError(
+            f"{path} is not a readable torch.save file ({type(e).__name__}: {e}); "
+            f"an interrupted copy or download? copy it again"
+        ) from None
 
 
 def _load_zip(raw: bytes):
@@ -170,8 +191,7 @@ def _load_zip(raw: bytes):
         for key, s in storages.items():
             data = z.read(f"{prefix}data/{key}")
             if len(data) < s.numel * s.kind.itemsize:
-                raise TorchFileError(f"storage {key} holds {len(data)} bytes, fewer than its "
-                                     f"{s.numel} elements need")
+                raise TorchFileError(f"storage {key} holds {len(data)} bytes, fewer than its {s.numel} elements need")
             s.array = s.kind.decode(data[: s.numel * s.kind.itemsize])
     return obj
 

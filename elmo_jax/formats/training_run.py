@@ -59,15 +59,30 @@ def require_workdir(workdir: str) -> None:
     """Refuse a run folder that does not exist or is a file, naming what it is."""
     refuse_symlink_loop(workdir)
     if not os.path.exists(workdir):
-        raise ElmoError(f"the workdir {workdir} does not exist: give the folder that `elmo-jax train "
-                        f"--workdir` wrote (it holds config.json and checkpoints/)")
+        raise ElmoError(
+            f"the workdir {workdir} does not exist: give the folder that `elmo-jax train "
+            f"--workdir` wrote (it holds config.json and checkpoints/)"
+        )
     if not os.path.isdir(workdir):
-        raise ElmoError(f"{workdir} is a file, not a training workdir (the folder that `elmo-jax train "
-                        f"--workdir` wrote)")
+        raise ElmoError(
+            f"{workdir} is a file, not a training workdir (the folder that `elmo-jax train --workdir` wrote)"
+        )
 
 
-RUN_OWNED = ("checkpoints", "checkpoints-damaged", "corpus", "tfds", "token_index", "tensorboard", "config.json",
-             "options.json", "vocab.txt", "vocab_source.json", "metrics.jsonl", "run.lock")
+RUN_OWNED = (
+    "checkpoints",
+    "checkpoints-damaged",
+    "corpus",
+    "tfds",
+    "token_index",
+    "tensorboard",
+    "config.json",
+    "options.json",
+    "vocab.txt",
+    "vocab_source.json",
+    "metrics.jsonl",
+    "run.lock",
+)
 """What a training workdir holds and manages itself: no export goes there (an export under
 ``checkpoints/`` is taken for a damaged checkpoint and breaks ``export`` and ``eval``)."""
 
@@ -81,11 +96,16 @@ def refuse_output_in_a_run(out_dir: str | os.PathLike) -> None:
         parent = os.path.dirname(path)
         if parent == path:
             return
-        if os.path.basename(path) in RUN_OWNED and os.path.isfile(os.path.join(parent, "config.json")) \
-                and os.path.isdir(os.path.join(parent, "checkpoints")):
-            raise ElmoError(f"the output folder {out_dir} is inside {path}, which the training run {parent} "
-                            f"manages (an export there breaks its checkpoints): choose a folder outside it, "
-                            f"e.g. {os.path.join(parent, 'export')}")
+        if (
+            os.path.basename(path) in RUN_OWNED
+            and os.path.isfile(os.path.join(parent, "config.json"))
+            and os.path.isdir(os.path.join(parent, "checkpoints"))
+        ):
+            raise ElmoError(
+                f"the output folder {out_dir} is inside {path}, which the training run {parent} "
+                f"manages (an export there breaks its checkpoints): choose a folder outside it, "
+                f"e.g. {os.path.join(parent, 'export')}"
+            )
         path = parent
 
 
@@ -94,7 +114,7 @@ def _remove_legacy_temp_dirs(parent: str, name: str) -> None:
     ``parent`` (those of processes of this host that no longer run)."""
     prefix = f"{name}.tmp-"
     for entry in os.listdir(parent):
-        pid = entry[len(prefix):]
+        pid = entry[len(prefix) :]
         if entry.startswith(prefix) and pid.isdigit() and not process_alive(int(pid)):
             shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
 
@@ -116,39 +136,55 @@ def load_checkpoint_params(workdir: str | os.PathLike, step: int | None = None) 
         step = int(meta["step"]) if step is None else step
         check_vocabulary_size(meta, len(vocab), ckpts.path(step), os.path.join(workdir, "vocab.txt"))
         check_run_inputs(meta, ckpts.path(step), workdir, train_config.to_dict())  # vocab.txt, config.json
-        optimizer = make_optimizer(train_config.optimizer, train_config.learning_rate, train_config.initial_accumulator, train_config.clip_norm)
+        optimizer = make_optimizer(
+            train_config.optimizer, train_config.learning_rate, train_config.initial_accumulator, train_config.clip_norm
+        )
         template = jax.eval_shape(
-            lambda: (init_train_state(jax.random.key(0), model_config, len(vocab), optimizer),
-                     # The stored LSTM state holds the rows of all processes.
-                     zero_state(model_config, int(meta.get("global_batch") or meta.get("local_batch")
-                                                 or train_config.batch_size)))
+            lambda: (
+                init_train_state(jax.random.key(0), model_config, len(vocab), optimizer),
+                # The stored LSTM state holds the rows of all processes.
+                zero_state(
+                    model_config, int(meta.get("global_batch") or meta.get("local_batch") or train_config.batch_size)
+                ),
+            )
         )
         (train_state, _), meta = ckpts.restore(template, step)
     except DamagedCheckpointError as e:
         others = [s for s in ckpts.all_steps() if s != e.step]
-        hint = (f"; the other checkpoints are steps {', '.join(map(str, others))}: pick one with --step"
-                if others else "; it is the only checkpoint")
+        hint = (
+            f"; the other checkpoints are steps {', '.join(map(str, others))}: pick one with --step"
+            if others
+            else "; it is the only checkpoint"
+        )
         raise DamagedCheckpointError(e.step, e.path, e.reason, hint) from None
     finally:
         ckpts.close()
     params = train_state["params"]
-    check_finite_weights({**params_to_datasets(params["bilm"], model_config),
-                          **{f"softmax/{k}": np.asarray(v) for k, v in params["softmax"].items()}},
-                         f"checkpoint {ckpts.path(step)}")
+    check_finite_weights(
+        {
+            **params_to_datasets(params["bilm"], model_config),
+            **{f"softmax/{k}": np.asarray(v) for k, v in params["softmax"].items()},
+        },
+        f"checkpoint {ckpts.path(step)}",
+    )
     eval_max_batches = meta.get("config", {}).get("eval_max_batches", train_config.eval_max_batches)
-    return LoadedCheckpoint(workdir, step, train_state["params"], model_config, train_config, vocab,
-                            meta.get("heldout"), eval_max_batches)
+    return LoadedCheckpoint(
+        workdir, step, train_state["params"], model_config, train_config, vocab, meta.get("heldout"), eval_max_batches
+    )
 
 
-def export(workdir: str | os.PathLike, out_dir: str | os.PathLike, step: int | None = None,
-           overwrite: bool = False) -> dict[str, Any]:
+def export(
+    workdir: str | os.PathLike, out_dir: str | os.PathLike, step: int | None = None, overwrite: bool = False
+) -> dict[str, Any]:
     """Write the frozen model of a checkpoint to ``out_dir`` (see the module docstring)."""
     out_dir = os.path.abspath(os.fspath(out_dir))
     run = os.path.realpath(os.fspath(workdir))
     require_workdir(os.path.abspath(os.fspath(workdir)))
     if os.path.commonpath([run, os.path.realpath(out_dir)]) == os.path.realpath(out_dir):
-        raise ElmoError(f"the output folder {out_dir} is or contains the training workdir {run}; "
-                        f"replacing it would delete the run's checkpoints: choose another folder")
+        raise ElmoError(
+            f"the output folder {out_dir} is or contains the training workdir {run}; "
+            f"replacing it would delete the run's checkpoints: choose another folder"
+        )
     refuse_output_in_a_run(out_dir)
     if os.path.exists(out_dir) and os.listdir(out_dir):
         if not overwrite:
@@ -157,7 +193,8 @@ def export(workdir: str | os.PathLike, out_dir: str | os.PathLike, step: int | N
         if others:
             raise FileExistsError(
                 f"{out_dir} holds files that are not part of an export ({', '.join(others)}); --overwrite "
-                f"replaces the whole folder and would delete them: move them out or choose another folder")
+                f"replaces the whole folder and would delete them: move them out or choose another folder"
+            )
     loaded = load_checkpoint_params(workdir, step)
     parent, name = os.path.split(out_dir)
     os.makedirs(parent, exist_ok=True)

@@ -50,13 +50,32 @@ entry is used; without one, :class:`OfflineError` says which files to put where.
 there by hand are checked like a download and their sha256 recorded on first use.
 """
 
-from elmo_jax.hub.cache import (HOME_ENV, OFFLINE_ENV, PARTIAL_DIR, cache_home, fetch, fetch_model, offline_from_env,
-                                partial_dir)
+from elmo_jax.hub.cache import (
+    HOME_ENV,
+    OFFLINE_ENV,
+    PARTIAL_DIR,
+    cache_home,
+    fetch,
+    fetch_model,
+    offline_from_env,
+    partial_dir,
+)
 from elmo_jax.hub.download import RETRY_DELAYS_S, TIMEOUT_S
 from elmo_jax.hub.errors import ChecksumError, DownloadError, OfflineError
-from elmo_jax.hub.names import (ARCHIVE_SUFFIXES, DEFAULT_MODELS_URL, MODELS_URL_ENV, OPTIONS_FILE, RELEASED_MODELS,
-                                WEIGHTS_FILE, ModelSource, is_model_spec, is_url, model_source, released_names,
-                                unknown_name_message)
+from elmo_jax.hub.names import (
+    ARCHIVE_SUFFIXES,
+    DEFAULT_MODELS_URL,
+    MODELS_URL_ENV,
+    OPTIONS_FILE,
+    RELEASED_MODELS,
+    WEIGHTS_FILE,
+    ModelSource,
+    is_model_spec,
+    is_url,
+    model_source,
+    released_names,
+    unknown_name_message,
+)
 from elmo_jax.hub.verify import MANIFEST_FILE, verify_entry
 
 
@@ -70,9 +89,32 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "ARCHIVE_SUFFIXES", "DEFAULT_MODELS_URL", "HOME_ENV", "MANIFEST_FILE", "MODELS_URL_ENV", "OFFLINE_ENV",
-    "OPTIONS_FILE", "PARTIAL_DIR", "RELEASED_MODELS", "RETRY_DELAYS_S", "TIMEOUT_S", "WEIGHTS_FILE", "ChecksumError",
-    "DownloadError", "ModelSource", "OfflineError", "cache_home", "fetch", "fetch_model", "is_model_spec", "is_url",
-    "model_source", "offline_from_env", "partial_dir", "released_names", "resolve_model", "unknown_name_message",
+    "ARCHIVE_SUFFIXES",
+    "DEFAULT_MODELS_URL",
+    "HOME_ENV",
+    "MANIFEST_FILE",
+    "MODELS_URL_ENV",
+    "OFFLINE_ENV",
+    "OPTIONS_FILE",
+    "PARTIAL_DIR",
+    "RELEASED_MODELS",
+    "RETRY_DELAYS_S",
+    "TIMEOUT_S",
+    "WEIGHTS_FILE",
+    "ChecksumError",
+    "DownloadError",
+    "ModelSource",
+    "OfflineError",
+    "cache_home",
+    "fetch",
+    "fetch_model",
+    "is_model_spec",
+    "is_url",
+    "model_source",
+    "offline_from_env",
+    "partial_dir",
+    "released_names",
+    "resolve_model",
+    "unknown_name_message",
     "verify_entry",
 ]

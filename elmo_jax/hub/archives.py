@@ -28,8 +28,10 @@ def fetch_archive(source: ModelSource, staging: Path, model: Path, partial: Path
     digest = file_sha256(archive)
     if source.sha256 and digest != source.sha256:
         archive.unlink()
-        raise DownloadError(f"{url}: sha256 {digest}, not the pinned {source.sha256}; the file was deleted and "
-                            f"nothing was cached (a damaged download, or the file changed on the server)")
+        raise DownloadError(
+            f"{url}: sha256 {digest}, not the pinned {source.sha256}; the file was deleted and "
+            f"nothing was cached (a damaged download, or the file changed on the server)"
+        )
     (staging / "archive.sha256").write_text(digest)
     extracted = staging / "extracted"
     try:
@@ -53,8 +55,9 @@ def fetch_archive(source: ModelSource, staging: Path, model: Path, partial: Path
         try:
             manylangs.convert(manylangs_folder, model)
         except ElmoError as e:
-            raise DownloadError(f"{url} holds an ELMoForManyLangs model that cannot be converted: {e}; nothing "
-                                f"was cached") from None
+            raise DownloadError(
+                f"{url} holds an ELMoForManyLangs model that cannot be converted: {e}; nothing was cached"
+            ) from None
         return
     folder, options, weights = _model_files_in(extracted, url)
     for f in folder.iterdir():
@@ -90,12 +93,12 @@ def _model_files_in(root: Path, url: str) -> tuple[Path, Path, Path]:
 
     Options: ``options.json``, else the one ``*options*.json``.  Weights: ``weights.hdf5``,
     else the one ``*weights*.hdf5``, else the folder's only ``.hdf5`` file."""
-    folders = sorted({p.parent for p in root.rglob("*options*.json")
-                      if p.is_file() and not p.name.startswith("._")})
+    folders = sorted({p.parent for p in root.rglob("*options*.json") if p.is_file() and not p.name.startswith("._")})
     if len(folders) != 1:
         found = "none" if not folders else ", ".join(str(f.relative_to(root)) or "." for f in folders)
-        raise DownloadError(f"{url}: expected one folder with an options .json file in the archive, "
-                            f"found {found}; nothing was cached")
+        raise DownloadError(
+            f"{url}: expected one folder with an options .json file in the archive, found {found}; nothing was cached"
+        )
     folder = folders[0]
 
     def pick(exact: str, pattern: str, fallback: str | None) -> Path:
@@ -105,8 +108,10 @@ def _model_files_in(root: Path, url: str) -> tuple[Path, Path, Path]:
             hits = sorted(p for p in folder.glob(glob) if p.is_file()) if glob else []
             if len(hits) == 1:
                 return hits[0]
-        raise DownloadError(f"{url}: the archive's folder {folder.relative_to(root) or '.'} has no {exact} "
-                            f"(nor one {pattern} file); nothing was cached")
+        raise DownloadError(
+            f"{url}: the archive's folder {folder.relative_to(root) or '.'} has no {exact} "
+            f"(nor one {pattern} file); nothing was cached"
+        )
 
     return folder, pick(OPTIONS_FILE, "*options*.json", None), pick(WEIGHTS_FILE, "*weights*.hdf5", "*.hdf5")
 

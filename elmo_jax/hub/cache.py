@@ -25,9 +25,23 @@ from elmo_jax.hub.archives import fetch_archive
 from elmo_jax.hub.download import RETRY_DELAYS_S, TIMEOUT_S, NotFound, Unreachable, download
 from elmo_jax.hub.errors import ChecksumError, DownloadError, OfflineError
 from elmo_jax.hub.lock import exclusive_lock
-from elmo_jax.hub.names import (DEFAULT_MODELS_URL, MODELS_URL_ENV, OPTIONS_FILE, WEIGHTS_FILE, ModelSource, join_url,
-                                model_source)
-from elmo_jax.hub.verify import MANIFEST_FILE, architecture_problem, check_model, check_options, verify_source, write_manifest
+from elmo_jax.hub.names import (
+    DEFAULT_MODELS_URL,
+    MODELS_URL_ENV,
+    OPTIONS_FILE,
+    WEIGHTS_FILE,
+    ModelSource,
+    join_url,
+    model_source,
+)
+from elmo_jax.hub.verify import (
+    MANIFEST_FILE,
+    architecture_problem,
+    check_model,
+    check_options,
+    verify_source,
+    write_manifest,
+)
 
 
 HOME_ENV = "ELMO_JAX_HOME"
@@ -56,11 +70,18 @@ def fetch(spec: str, *, offline: bool | None = None, progress: bool = True, forc
     fetched on first use: the hub's answer to "where is this model?".  ``offline``: ``None``
     reads ``ELMO_JAX_OFFLINE``; the rest as for :func:`fetch_model`."""
     source = model_source(spec, os.environ.get(MODELS_URL_ENV) or DEFAULT_MODELS_URL)
-    return fetch_model(source, cache_home() / "models",
-                       offline=offline_from_env() if offline is None else offline,
-                       offline_reason=(f"offline mode is on ({OFFLINE_ENV}={os.environ.get(OFFLINE_ENV)})"
-                                       if offline is None else "offline mode is on"),
-                       progress=progress, force=force)
+    return fetch_model(
+        source,
+        cache_home() / "models",
+        offline=offline_from_env() if offline is None else offline,
+        offline_reason=(
+            f"offline mode is on ({OFFLINE_ENV}={os.environ.get(OFFLINE_ENV)})"
+            if offline is None
+            else "offline mode is on"
+        ),
+        progress=progress,
+        force=force,
+    )
 
 
 def fetch_model(
@@ -90,8 +111,9 @@ def fetch_model(
     with exclusive_lock(models_dir / ".locks" / f"{source.key}.lock", source.spec, progress):
         if force:
             if offline:
-                raise OfflineError(f"--force / force=True fetches {source.spec!r} again, which needs the network, "
-                                   f"but {offline_reason}")
+                raise OfflineError(
+                    f"--force / force=True fetches {source.spec!r} again, which needs the network, but {offline_reason}"
+                )
             shutil.rmtree(entry, ignore_errors=True)
             shutil.rmtree(partial_dir(models_dir, source.key), ignore_errors=True)
         if (entry / MANIFEST_FILE).exists():  # another process fetched it while this one waited
@@ -155,8 +177,9 @@ def _fetch_files(source: ModelSource, model: Path, partial: Path, net: dict) -> 
                     also = f"; also tried {', '.join(candidates[1:])}" if len(candidates) > 1 else ""
                     if folder_url:
                         also += "; nor does the folder hold an ELMoForManyLangs config.json"
-                    raise DownloadError(f"{url}: HTTP 404 {e.reason} (check the model name or URL; a folder URL "
-                                        f"ends with '/'{also})") from None
+                    raise DownloadError(
+                        f"{url}: HTTP 404 {e.reason} (check the model name or URL; a folder URL ends with '/'{also})"
+                    ) from None
         os.replace(got, model / name)
         if name == OPTIONS_FILE:
             check_options(model / OPTIONS_FILE, source, candidate)
@@ -170,8 +193,14 @@ def _folder_of_options_url(url: str) -> str | None:
     return urllib.parse.urlunsplit(parts._replace(path=parts.path[: -len(OPTIONS_FILE)]))
 
 
-_MANYLANGS_FILES = ("config.json", "the architecture JSON it names", "char.dic", "word.dic",
-                    "token_embedder.pkl", "encoder.pkl")
+_MANYLANGS_FILES = (
+    "config.json",
+    "the architecture JSON it names",
+    "char.dic",
+    "word.dic",
+    "token_embedder.pkl",
+    "encoder.pkl",
+)
 
 
 def _fetch_manylangs_folder(folder_url: str, model: Path, partial: Path, net: dict) -> bool:
@@ -191,9 +220,11 @@ def _fetch_manylangs_folder(folder_url: str, model: Path, partial: Path, net: di
             download(url, folder / name, **net)
         except NotFound as e:
             if required:
-                raise DownloadError(f"{url}: HTTP 404 {e.reason}; {folder_url} holds an ELMoForManyLangs "
-                                    f"config.json but not {name}, which such a model needs (its files: "
-                                    f"{', '.join(_MANYLANGS_FILES)}); nothing was cached") from None
+                raise DownloadError(
+                    f"{url}: HTTP 404 {e.reason}; {folder_url} holds an ELMoForManyLangs "
+                    f"config.json but not {name}, which such a model needs (its files: "
+                    f"{', '.join(_MANYLANGS_FILES)}); nothing was cached"
+                ) from None
 
     try:
         download(join_url(folder_url, manylangs.CONFIG_FILE), folder / manylangs.CONFIG_FILE, **net)
@@ -203,9 +234,11 @@ def _fetch_manylangs_folder(folder_url: str, model: Path, partial: Path, net: di
         named = json.loads((folder / manylangs.CONFIG_FILE).read_text(encoding="utf-8"))["config_path"]
         architecture = os.path.basename(str(named).replace("\\", "/"))
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DownloadError(f"{join_url(folder_url, manylangs.CONFIG_FILE)} is neither options.json's folder nor "
-                            f"an ELMoForManyLangs config.json with a 'config_path' ({type(e).__name__}: {e}); "
-                            f"nothing was cached") from None
+        raise DownloadError(
+            f"{join_url(folder_url, manylangs.CONFIG_FILE)} is neither options.json's folder nor "
+            f"an ELMoForManyLangs config.json with a 'config_path' ({type(e).__name__}: {e}); "
+            f"nothing was cached"
+        ) from None
     if architecture not in ("", ".", "..", manylangs.CONFIG_FILE):
         fetch_file(architecture, required=architecture not in manylangs.SHIPPED_ARCHITECTURES)
     for name in (manylangs.CHAR_DIC, manylangs.TOKEN_EMBEDDER_FILE, manylangs.ENCODER_FILE):
@@ -214,8 +247,10 @@ def _fetch_manylangs_folder(folder_url: str, model: Path, partial: Path, net: di
     try:
         manylangs.convert(folder, model)
     except (ElmoError, OSError) as e:
-        raise DownloadError(f"{folder_url} holds an ELMoForManyLangs model that cannot be converted: "
-                            f"{str(e).replace(str(folder), folder_url.rstrip('/'))}; nothing was cached") from None
+        raise DownloadError(
+            f"{folder_url} holds an ELMoForManyLangs model that cannot be converted: "
+            f"{str(e).replace(str(folder), folder_url.rstrip('/'))}; nothing was cached"
+        ) from None
     return True
 
 
@@ -228,13 +263,17 @@ def adopt(entry: Path, source: ModelSource) -> Path:
         manylangs.convert(entry, entry)
     missing = [n for n in (OPTIONS_FILE, WEIGHTS_FILE) if not (entry / n).is_file()]
     if missing:
-        raise OfflineError(f"{entry} holds no {' and no '.join(missing)}; put the model's files there as "
-                           f"{OPTIONS_FILE} and {WEIGHTS_FILE}, or delete the folder to download it again")
+        raise OfflineError(
+            f"{entry} holds no {' and no '.join(missing)}; put the model's files there as "
+            f"{OPTIONS_FILE} and {WEIGHTS_FILE}, or delete the folder to download it again"
+        )
     config = ElmoConfig.from_json_file(entry / OPTIONS_FILE)
     problem = architecture_problem(config, source)
     if problem:  # checked before anything is recorded: a wrong model never gets a manifest
-        raise ChecksumError(f"{entry} was put in the cache by hand, but {problem}; put the released model's "
-                            f"files there, or delete the folder to download it")
+        raise ChecksumError(
+            f"{entry} was put in the cache by hand, but {problem}; put the released model's "
+            f"files there, or delete the folder to download it"
+        )
     load_weights(entry / WEIGHTS_FILE, config)
     write_manifest(entry, source, downloaded=False)
     return entry
@@ -242,17 +281,33 @@ def adopt(entry: Path, source: ModelSource) -> Path:
 
 def _offline_message(source: ModelSource, entry: Path, reason: str) -> str:
     if source.spec.startswith("manylangs/"):
-        todo = (f"download {source.archive_url} and unzip it into\n  {entry}\n(the folder holding config.json, "
-                f"char.dic, word.dic and the .pkl files; it is converted on first use)")
+        todo = (
+            f"download {source.archive_url} and unzip it into\n  {entry}\n(the folder holding config.json, "
+            f"char.dic, word.dic and the .pkl files; it is converted on first use)"
+        )
     elif source.archive_url:
-        todo = (f"download {source.archive_url}, extract it, and put its options file at\n  "
-                f"{entry / OPTIONS_FILE}\nand its weight file at\n  {entry / WEIGHTS_FILE}")
+        todo = (
+            f"download {source.archive_url}, extract it, and put its options file at\n  "
+            f"{entry / OPTIONS_FILE}\nand its weight file at\n  {entry / WEIGHTS_FILE}"
+        )
     else:
-        todo = "put these files there:\n" + "\n".join(f"  {url}\n    -> {entry / name}"
-                                                       for name, url in source.file_urls)
-    return (f"model {source.spec!r} is not in the cache and {reason}; {todo}\n(on a machine with internet "
-            f"access, `elmo-jax download {source.spec}` fetches them: copy the folder it prints to {entry})")
+        todo = "put these files there:\n" + "\n".join(
+            f"  {url}\n    -> {entry / name}" for name, url in source.file_urls
+        )
+    return (
+        f"model {source.spec!r} is not in the cache and {reason}; {todo}\n(on a machine with internet "
+        f"access, `elmo-jax download {source.spec}` fetches them: copy the folder it prints to {entry})"
+    )
 
 
-__all__ = ["HOME_ENV", "OFFLINE_ENV", "PARTIAL_DIR", "adopt", "cache_home", "fetch", "fetch_model", "offline_from_env",
-           "partial_dir"]
+__all__ = [
+    "HOME_ENV",
+    "OFFLINE_ENV",
+    "PARTIAL_DIR",
+    "adopt",
+    "cache_home",
+    "fetch",
+    "fetch_model",
+    "offline_from_env",
+    "partial_dir",
+]

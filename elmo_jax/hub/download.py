@@ -44,8 +44,9 @@ class NotFound(Exception):
         self.url, self.reason = url, reason
 
 
-def download(url: str, dest: Path, *, progress: bool, retry_delays_s: Sequence[float], timeout_s: float,
-              first: bool = False) -> Path:
+def download(
+    url: str, dest: Path, *, progress: bool, retry_delays_s: Sequence[float], timeout_s: float, first: bool = False
+) -> Path:
     """``url`` into ``dest.part`` (kept when interrupted), then renamed to ``dest``.  Resumes
     with ``Range`` (guarded by ``If-Range``) both after a dropped connection and from a
     ``.part`` file an earlier, interrupted attempt left for the same URL; gives up after
@@ -72,8 +73,9 @@ def download(url: str, dest: Path, *, progress: bool, retry_delays_s: Sequence[f
                     if validator:
                         headers["If-Range"] = validator
                 try:
-                    with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                                timeout=timeout_s) as resp:
+                    with urllib.request.urlopen(
+                        urllib.request.Request(url, headers=headers), timeout=timeout_s
+                    ) as resp:
                         first = False
                         if done and not (resp.status == 206 and _range_start(resp) == done):
                             # The file changed (If-Range) or the server ignores Range: start over.
@@ -112,7 +114,8 @@ def download(url: str, dest: Path, *, progress: bool, retry_delays_s: Sequence[f
                             f"{url}: the server announced {total if total is not None else 'more'} bytes but holds "
                             f"only {done} (it refused the request for the rest: HTTP 416); the file on the server "
                             f"is shorter than its size says (an incomplete upload, or a proxy's cut copy). Nothing "
-                            f"was cached; tell the host, or try another mirror") from None
+                            f"was cached; tell the host, or try another mirror"
+                        ) from None
                     if e.code in (404, 410):
                         raise NotFound(url, e.reason) from None
                     if e.code < 500:
@@ -123,8 +126,10 @@ def download(url: str, dest: Path, *, progress: bool, retry_delays_s: Sequence[f
                     reason = getattr(e, "reason", e)
                     silent = isinstance(reason, (TimeoutError, socket.timeout)) or isinstance(e, TimeoutError)
                     if silent:
-                        problem = (f"{host} accepted the connection but sent nothing for {timeout_s:g} s (the server "
-                                   f"is not answering: overloaded or broken, not a missing network)")
+                        problem = (
+                            f"{host} accepted the connection but sent nothing for {timeout_s:g} s (the server "
+                            f"is not answering: overloaded or broken, not a missing network)"
+                        )
                         if first:
                             raise DownloadError(f"{url}: {problem}; try again later") from None
                     elif first:
@@ -135,8 +140,10 @@ def download(url: str, dest: Path, *, progress: bool, retry_delays_s: Sequence[f
                 most = max(most, done)
                 if failures > len(retry_delays_s):
                     got = f"{done} of {total} bytes" if total else f"{done} bytes"
-                    raise DownloadError(f"{url}: gave up after {failures} attempts in a row without progress "
-                                        f"({problem}; got {got}, kept to resume from); try again later") from None
+                    raise DownloadError(
+                        f"{url}: gave up after {failures} attempts in a row without progress "
+                        f"({problem}; got {got}, kept to resume from); try again later"
+                    ) from None
                 time.sleep(retry_delays_s[failures - 1] if failures else 0.0)
     finally:
         if bar is not None:
@@ -167,8 +174,16 @@ def _total_size(resp, done: int) -> int | None:
 def progress_bar(name: str, total: int | None, initial: int, enabled: bool):
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, initial=initial, desc=name, unit="B", unit_scale=True, unit_divisor=1024,
-                disable=not enabled, file=sys.stderr)
+    return tqdm(
+        total=total,
+        initial=initial,
+        desc=name,
+        unit="B",
+        unit_scale=True,
+        unit_divisor=1024,
+        disable=not enabled,
+        file=sys.stderr,
+    )
 
 
 __all__ = ["RETRY_DELAYS_S", "TIMEOUT_S", "NotFound", "Unreachable", "download", "progress_bar"]

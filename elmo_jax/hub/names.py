@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 
-RELEASED_MODELS = MappingProxyType({
-    "small": "2x1024_128_2048cnn_1xhighway",
-    "medium": "2x2048_256_2048cnn_1xhighway",
-    "original": "2x4096_512_2048cnn_2xhighway",
-    "original-5.5b": "2x4096_512_2048cnn_2xhighway_5.5B",
-})
+RELEASED_MODELS = MappingProxyType(
+    {
+        "small": "2x1024_128_2048cnn_1xhighway",
+        "medium": "2x2048_256_2048cnn_1xhighway",
+        "original": "2x4096_512_2048cnn_2xhighway",
+        "original-5.5b": "2x4096_512_2048cnn_2xhighway_5.5B",
+    }
+)
 """Released English models: name -> folder under the models URL."""
 
 
@@ -34,9 +36,14 @@ OPTIONS_FILE = "options.json"
 WEIGHTS_FILE = "weights.hdf5"
 ARCHIVE_SUFFIXES = (".zip", ".tar.gz", ".tgz", ".tar", ".tar.bz2", ".tbz2")
 # The preset each released English name must match (their options.json, checked on every use).
-RELEASED_ARCHITECTURES = MappingProxyType({
-    "small": "small", "medium": "medium", "original": "original", "original-5.5b": "original",
-})
+RELEASED_ARCHITECTURES = MappingProxyType(
+    {
+        "small": "small",
+        "medium": "medium",
+        "original": "original",
+        "original-5.5b": "original",
+    }
+)
 # sha256 of released files, recorded only where verified against the files themselves; none
 # could be here (no access to the hosts from the machine that wrote this), so none is pinned:
 # a released name is checked by its architecture, and downloads by the sha256 recorded then.
@@ -78,8 +85,10 @@ def unknown_name_message(spec: str) -> str:
     """``did you mean ...`` for a misspelt released name (difflib), with the list of names."""
     close = _close_names(spec)
     hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
-    return (f"{hint}released models: {', '.join(RELEASED_MODELS)}, and manylangs/<language code> for the 44 "
-            f"ELMoForManyLangs models (`elmo-jax download --list` shows them)")
+    return (
+        f"{hint}released models: {', '.join(RELEASED_MODELS)}, and manylangs/<language code> for the 44 "
+        f"ELMoForManyLangs models (`elmo-jax download --list` shows them)"
+    )
 
 
 def _close_names(spec: str) -> list[str]:
@@ -117,16 +126,23 @@ def model_source(spec: str, models_url: str = DEFAULT_MODELS_URL) -> ModelSource
     official = not os.environ.get(MODELS_URL_ENV)
     if spec in RELEASED_MODELS:
         folder = RELEASED_MODELS[spec]
-        return ModelSource(spec, spec, _file_urls(f"{models_url.rstrip('/')}/{folder}/elmo_{folder}_"),
-                           sha256=RELEASED_SHA256.get(spec),
-                           architecture=RELEASED_ARCHITECTURES[spec] if official else None)
+        return ModelSource(
+            spec,
+            spec,
+            _file_urls(f"{models_url.rstrip('/')}/{folder}/elmo_{folder}_"),
+            sha256=RELEASED_SHA256.get(spec),
+            architecture=RELEASED_ARCHITECTURES[spec] if official else None,
+        )
     if spec in manylangs.released_names():
-        return ModelSource(spec, spec.replace("/", "-"), archive_url=manylangs.released_url(spec),
-                           sha256=RELEASED_SHA256.get(spec),
-                           architecture=None if os.environ.get(manylangs.URL_ENV) else "manylangs")
+        return ModelSource(
+            spec,
+            spec.replace("/", "-"),
+            archive_url=manylangs.released_url(spec),
+            sha256=RELEASED_SHA256.get(spec),
+            architecture=None if os.environ.get(manylangs.URL_ENV) else "manylangs",
+        )
     if not is_url(spec):
-        raise ValueError(f"{spec!r} is neither a released model nor an http(s):// URL; "
-                         + unknown_name_message(spec))
+        raise ValueError(f"{spec!r} is neither a released model nor an http(s):// URL; " + unknown_name_message(spec))
     parts = urllib.parse.urlsplit(spec)
     if not parts.hostname:
         raise ValueError(f"{spec!r} is not a usable URL: it names no host (e.g. https://host/path/)")
@@ -134,8 +150,10 @@ def model_source(spec: str, models_url: str = DEFAULT_MODELS_URL) -> ModelSource
     if parts.fragment:
         match = re.fullmatch(r"sha256=([0-9a-fA-F]{64})", parts.fragment)
         if not match:
-            raise ValueError(f"{spec!r}: the only fragment understood is #sha256=<64 hex digits> (a pinned "
-                             f"digest), got #{parts.fragment}")
+            raise ValueError(
+                f"{spec!r}: the only fragment understood is #sha256=<64 hex digits> (a pinned "
+                f"digest), got #{parts.fragment}"
+            )
         pinned = match.group(1).lower()
         parts = parts._replace(fragment="")
     url = urllib.parse.urlunsplit(parts)
@@ -158,7 +176,8 @@ def model_source(spec: str, models_url: str = DEFAULT_MODELS_URL) -> ModelSource
                 f"{spec!r} names the file {last!r}, which is neither a model archive "
                 f"({', '.join(ARCHIVE_SUFFIXES)}) nor a model's {OPTIONS_FILE} / {WEIGHTS_FILE}; give the "
                 f"archive, either file's URL, or the folder's URL ending in '/' (also for an ELMoForManyLangs "
-                f"folder: config.json, the .dic and .pkl files)")
+                f"folder: config.json, the .dic and .pkl files)"
+            )
     prefix = urllib.parse.urlunsplit(parts._replace(path=path))
     folder_url = urllib.parse.urlunsplit(parts._replace(path=folder_path))
     files = _file_urls(prefix)
@@ -178,8 +197,9 @@ def join_url(folder_url: str, name: str) -> str:
 
 def _file_urls(prefix: str) -> tuple[tuple[str, str], ...]:
     parts = urllib.parse.urlsplit(prefix)
-    return tuple((name, urllib.parse.urlunsplit(parts._replace(path=parts.path + name)))
-                 for name in (OPTIONS_FILE, WEIGHTS_FILE))
+    return tuple(
+        (name, urllib.parse.urlunsplit(parts._replace(path=parts.path + name))) for name in (OPTIONS_FILE, WEIGHTS_FILE)
+    )
 
 
 def _url_key(url: str, path: str) -> str:
@@ -192,6 +212,18 @@ def _url_key(url: str, path: str) -> str:
     return f"{slug}-{hashlib.sha256(url.encode('utf-8')).hexdigest()[:12]}"
 
 
-__all__ = ["ARCHIVE_SUFFIXES", "DEFAULT_MODELS_URL", "MODELS_URL_ENV", "OPTIONS_FILE", "RELEASED_MODELS",
-           "WEIGHTS_FILE", "ModelSource", "is_model_spec", "is_url", "model_source", "released_names", "suggestion",
-           "unknown_name_message"]
+__all__ = [
+    "ARCHIVE_SUFFIXES",
+    "DEFAULT_MODELS_URL",
+    "MODELS_URL_ENV",
+    "OPTIONS_FILE",
+    "RELEASED_MODELS",
+    "WEIGHTS_FILE",
+    "ModelSource",
+    "is_model_spec",
+    "is_url",
+    "model_source",
+    "released_names",
+    "suggestion",
+    "unknown_name_message",
+]

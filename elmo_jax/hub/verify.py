@@ -27,8 +27,10 @@ def check_options(path: Path, source: ModelSource, url: str) -> None:
     try:
         config = ElmoConfig.from_json_file(path)
     except ElmoError as e:
-        raise DownloadError(f"the downloaded files are not a valid model: {str(e).replace(str(path), url)}; "
-                            f"nothing was cached and the weight file was not fetched") from None
+        raise DownloadError(
+            f"the downloaded files are not a valid model: {str(e).replace(str(path), url)}; "
+            f"nothing was cached and the weight file was not fetched"
+        ) from None
     problem = architecture_problem(config, source)
     if problem:
         raise DownloadError(f"{url}: {problem}; nothing was cached and the weight file was not fetched")
@@ -49,8 +51,7 @@ def architecture_problem(config: ElmoConfig, source: ModelSource) -> str | None:
     if found == known:
         return None
     diffs = _differences(known, found)
-    return (f"these options are not those of the released model {source.spec!r} ({diffs}): another model "
-            f"under its name")
+    return f"these options are not those of the released model {source.spec!r} ({diffs}): another model under its name"
 
 
 def _differences(known: dict, found: dict, prefix: str = "") -> str:
@@ -73,9 +74,11 @@ def verify_source(entry: Path, source: ModelSource) -> dict:
     if source.sha256:
         recorded = manifest.get("archive_sha256") or manifest["sha256"].get(WEIGHTS_FILE)
         if recorded != source.sha256:
-            raise ChecksumError(f"{entry}: the pinned sha256 {source.sha256} does not match the cached model's "
-                                f"{recorded} ({'the archive' if manifest.get('archive_sha256') else WEIGHTS_FILE}); "
-                                f"{redo}")
+            raise ChecksumError(
+                f"{entry}: the pinned sha256 {source.sha256} does not match the cached model's "
+                f"{recorded} ({'the archive' if manifest.get('archive_sha256') else WEIGHTS_FILE}); "
+                f"{redo}"
+            )
     if source.architecture is not None:
         try:
             config = ElmoConfig.from_json_file(entry / OPTIONS_FILE)
@@ -83,8 +86,9 @@ def verify_source(entry: Path, source: ModelSource) -> dict:
             raise ChecksumError(f"{entry}: {e}; {redo}") from None
         problem = architecture_problem(config, source)
         if problem:
-            raise ChecksumError(f"{entry} holds a model that is not the released {source.spec!r}: {problem}; "
-                                f"delete {entry} or {redo}")
+            raise ChecksumError(
+                f"{entry} holds a model that is not the released {source.spec!r}: {problem}; delete {entry} or {redo}"
+            )
     return manifest
 
 
@@ -94,8 +98,12 @@ def verify_entry(entry: str | os.PathLike, spec: str | None = None) -> dict:
     entry = Path(entry)
     with open(entry / MANIFEST_FILE, encoding="utf-8") as f:
         manifest = json.load(f)
-    redo = (f"delete {entry} and run `elmo-jax download {spec}` to download it again (or `elmo-jax download "
-            f"{spec} --force`)" if spec else f"delete {entry} to download it again")
+    redo = (
+        f"delete {entry} and run `elmo-jax download {spec}` to download it again (or `elmo-jax download "
+        f"{spec} --force`)"
+        if spec
+        else f"delete {entry} to download it again"
+    )
     by_hand = manifest.get("origin") == "placed in the cache by hand"
     for name, expected in manifest["sha256"].items():
         path = entry / name
@@ -107,7 +115,8 @@ def verify_entry(entry: str | os.PathLike, spec: str | None = None) -> dict:
                 raise ChecksumError(
                     f"{path} has changed since its sha256 was recorded on first use (sha256 {found}, recorded "
                     f"{expected} on {manifest.get('recorded_at', '?')}); it was placed in the cache by hand, not "
-                    f"downloaded: put the right file back, or {redo}")
+                    f"downloaded: put the right file back, or {redo}"
+                )
             raise ChecksumError(
                 f"{path} has changed since it was downloaded (sha256 {found}, recorded {expected}): "
                 f"it was modified or damaged; {redo}"
@@ -129,10 +138,13 @@ def check_model(model: Path, source: ModelSource) -> None:
     except ElmoError as e:
         message = str(e)
         for name in (OPTIONS_FILE, WEIGHTS_FILE):
-            message = message.replace(str(model / name), urls[name] if source.archive_url is None
-                                      else f"{name} of {source.archive_url}")
-        raise DownloadError(f"the downloaded files are not a valid model: {message}; nothing was "
-                            f"cached (a damaged or incomplete download: try again)") from None
+            message = message.replace(
+                str(model / name), urls[name] if source.archive_url is None else f"{name} of {source.archive_url}"
+            )
+        raise DownloadError(
+            f"the downloaded files are not a valid model: {message}; nothing was "
+            f"cached (a damaged or incomplete download: try again)"
+        ) from None
 
 
 def write_manifest(model: Path, source: ModelSource, downloaded: bool) -> None:
@@ -147,11 +159,25 @@ def write_manifest(model: Path, source: ModelSource, downloaded: bool) -> None:
     archive_digest = model.parent / "archive.sha256"
     if downloaded and source.archive_url and archive_digest.exists():
         manifest["archive_sha256"] = archive_digest.read_text().strip()
-    if downloaded and source.sha256 and not source.archive_url and manifest["sha256"].get(WEIGHTS_FILE) != source.sha256:
-        raise DownloadError(f"{dict(source.file_urls)[WEIGHTS_FILE]}: sha256 {manifest['sha256'].get(WEIGHTS_FILE)}, "
-                            f"not the pinned {source.sha256}; nothing was cached")
+    if (
+        downloaded
+        and source.sha256
+        and not source.archive_url
+        and manifest["sha256"].get(WEIGHTS_FILE) != source.sha256
+    ):
+        raise DownloadError(
+            f"{dict(source.file_urls)[WEIGHTS_FILE]}: sha256 {manifest['sha256'].get(WEIGHTS_FILE)}, "
+            f"not the pinned {source.sha256}; nothing was cached"
+        )
     write_json(model / MANIFEST_FILE, manifest)
 
 
-__all__ = ["MANIFEST_FILE", "architecture_problem", "check_model", "check_options", "verify_entry", "verify_source",
-           "write_manifest"]
+__all__ = [
+    "MANIFEST_FILE",
+    "architecture_problem",
+    "check_model",
+    "check_options",
+    "verify_entry",
+    "verify_source",
+    "write_manifest",
+]

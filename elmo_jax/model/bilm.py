@@ -57,8 +57,9 @@ def marker_char_ids(config: ElmoConfig) -> jax.Array:
     n_chars = config.char_cnn.max_characters_per_token
     if config.vocab is not None:
         return jnp.asarray(np.asarray(config.vocab.marker_rows(n_chars), np.int32))
-    return jnp.asarray(np.stack([chars.token_to_ids(chars.BOS_TOKEN, n_chars),
-                                 chars.token_to_ids(chars.EOS_TOKEN, n_chars)]))
+    return jnp.asarray(
+        np.stack([chars.token_to_ids(chars.BOS_TOKEN, n_chars), chars.token_to_ids(chars.EOS_TOKEN, n_chars)])
+    )
 
 
 def marker_vectors(params: dict, config: ElmoConfig, dtype=jnp.float32) -> tuple[jax.Array, jax.Array]:
@@ -73,8 +74,9 @@ def add_boundary_vectors(e_BTP: jax.Array, lengths_B: jax.Array, bos_P: jax.Arra
     shifted = jnp.pad(e_BTP, ((0, 0), (1, 1), (0, 0)))
     pos_1T1 = jnp.arange(shifted.shape[1])[None, :, None]
     end_B11 = lengths_B[:, None, None] + 1
-    out = jnp.where(pos_1T1 == 0, bos_P.astype(shifted.dtype),
-                    jnp.where(pos_1T1 == end_B11, eos_P.astype(shifted.dtype), shifted))
+    out = jnp.where(
+        pos_1T1 == 0, bos_P.astype(shifted.dtype), jnp.where(pos_1T1 == end_B11, eos_P.astype(shifted.dtype), shifted)
+    )
     full_B11 = jnp.where(lengths_B >= 0, lengths_B + 2, 0)[:, None, None]
     return jnp.where(pos_1T1 < full_B11, out, 0.0)
 

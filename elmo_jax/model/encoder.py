@@ -74,8 +74,14 @@ def init_encoder(key: jax.Array, config: ElmoConfig) -> dict:
     return params
 
 
-def encode_tokens(params: dict, config: ElmoConfig, char_ids: jax.Array, dtype=jnp.float32,
-                  in_loop: bool = False, trim_levels: tuple[int, ...] | None = None) -> jax.Array:
+def encode_tokens(
+    params: dict,
+    config: ElmoConfig,
+    char_ids: jax.Array,
+    dtype=jnp.float32,
+    in_loop: bool = False,
+    trim_levels: tuple[int, ...] | None = None,
+) -> jax.Array:
     """Token vectors ``[..., P]`` for char ids ``[..., C]`` (any leading shape).
 
     A token whose ids are all 0 (padding) gets a well-defined but meaningless vector;
@@ -109,11 +115,13 @@ def encode_tokens(params: dict, config: ElmoConfig, char_ids: jax.Array, dtype=j
         order_N = jnp.argsort(need_N)
         h_MKF = jax.lax.map(
             lambda xs: _char_cnn_trimmed(params, config, *xs, dtype, conv1d, levels),
-            (to_chunks(ids_NC[order_N], 0, chunk), to_chunks(need_N[order_N], 0, chunk)))
+            (to_chunks(ids_NC[order_N], 0, chunk), to_chunks(need_N[order_N], 0, chunk)),
+        )
         h_NF = _unsort_rows(from_chunks(h_MKF, 0, ids_NC.shape[0]), order_N)
     else:
-        h_NF = _char_cnn_trimmed(params, config, ids_NC, chars_needed(ids_NC, config), dtype,
-                                 conv1d if in_loop else _conv, levels)
+        h_NF = _char_cnn_trimmed(
+            params, config, ids_NC, chars_needed(ids_NC, config), dtype, conv1d if in_loop else _conv, levels
+        )
     for hw in params["highway"]:
         hd = h_NF.astype(dtype)
         carry = jax.nn.sigmoid(_dense(hd, hw["w_carry"], dtype) + hw["b_carry"])
@@ -181,8 +189,9 @@ def chars_needed(ids_NC: jax.Array, config: ElmoConfig) -> jax.Array:
     return run_start_N + _widest_filter(config)
 
 
-def _char_cnn_trimmed(params: dict, config: ElmoConfig, ids_NC: jax.Array, need_N: jax.Array, dtype,
-                      conv_fn, trim_levels: tuple[int, ...]) -> jax.Array:
+def _char_cnn_trimmed(
+    params: dict, config: ElmoConfig, ids_NC: jax.Array, need_N: jax.Array, dtype, conv_fn, trim_levels: tuple[int, ...]
+) -> jax.Array:
     """:func:`_char_cnn` on the first chars only, as many as the pass's tokens need
     (``need_N`` from :func:`chars_needed`; the smallest of ``trim_levels`` that holds them
     all, else all)."""
@@ -191,8 +200,10 @@ def _char_cnn_trimmed(params: dict, config: ElmoConfig, ids_NC: jax.Array, need_
     if not levels:
         return _char_cnn(params, config, ids_NC, dtype, conv_fn)
     need = jnp.max(need_N, initial=0)
-    branches = [functools.partial(lambda n, ids: _char_cnn(params, config, ids[:, :n], dtype, conv_fn), n)
-                for n in levels + [n_chars]]
+    branches = [
+        functools.partial(lambda n, ids: _char_cnn(params, config, ids[:, :n], dtype, conv_fn), n)
+        for n in levels + [n_chars]
+    ]
     return jax.lax.switch(jnp.sum(need > jnp.asarray(levels)), branches, ids_NC)
 
 
@@ -209,8 +220,14 @@ def _char_cnn(params: dict, config: ElmoConfig, ids_NC: jax.Array, dtype, conv_f
 
 
 def _conv(x_NCD: jax.Array, w_KDn: jax.Array, out_dtype) -> jax.Array:
-    return jax.lax.conv_general_dilated(x_NCD, w_KDn, window_strides=(1,), padding="VALID",
-                                        dimension_numbers=("NWC", "WIO", "NWC"), preferred_element_type=out_dtype)
+    return jax.lax.conv_general_dilated(
+        x_NCD,
+        w_KDn,
+        window_strides=(1,),
+        padding="VALID",
+        dimension_numbers=("NWC", "WIO", "NWC"),
+        preferred_element_type=out_dtype,
+    )
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -236,8 +253,9 @@ def _conv1d_bwd(out_dtype, residuals, dy_NWn):
     K, W = w_KDn.shape[0], dy_NWn.shape[1]
     dy = dy_NWn.astype(x_NCD.dtype)
     dx_NCD = _conv(jnp.pad(dy, ((0, 0), (K - 1, K - 1), (0, 0))), jnp.flip(w_KDn, 0).transpose(0, 2, 1), out_dtype)
-    dw_KDn = jnp.stack([jnp.einsum("nwd,nwf->df", x_NCD[:, k:k + W, :], dy, preferred_element_type=out_dtype)
-                        for k in range(K)])
+    dw_KDn = jnp.stack(
+        [jnp.einsum("nwd,nwf->df", x_NCD[:, k : k + W, :], dy, preferred_element_type=out_dtype) for k in range(K)]
+    )
     return dx_NCD.astype(x_NCD.dtype), dw_KDn.astype(w_KDn.dtype)
 
 
@@ -269,9 +287,9 @@ def _dense(x: jax.Array, w: jax.Array, dtype) -> jax.Array:
     return einsum("nf,fp->np", x, w, dtype)
 
 
-
-def encode_tokens_remat(params: dict, config: ElmoConfig, char_ids_RBTC: jax.Array, chunk_steps: int,
-                        dtype=jnp.float32) -> jax.Array:
+def encode_tokens_remat(
+    params: dict, config: ElmoConfig, char_ids_RBTC: jax.Array, chunk_steps: int, dtype=jnp.float32
+) -> jax.Array:
     """:func:`encode_tokens` over ``[R, B, T, C]`` in chunks of ``chunk_steps`` time steps,
     each recomputed in the backward pass -> ``[R, B, T, P]`` (the same values).
 
@@ -287,7 +305,8 @@ def encode_tokens_remat(params: dict, config: ElmoConfig, char_ids_RBTC: jax.Arr
     def chunk(ids_RBKC):
         # conv1d's own gradient is for XLA:CPU's loops; elsewhere XLA's reads each output
         # gradient once instead of once per kernel offset (16 GB less per step on a v5e).
-        return encode_tokens(params, config, ids_RBKC, dtype=dtype, in_loop=target_platform() == "cpu",
-                             trim_levels=GRAD_TRIM_LEVELS)
+        return encode_tokens(
+            params, config, ids_RBKC, dtype=dtype, in_loop=target_platform() == "cpu", trim_levels=GRAD_TRIM_LEVELS
+        )
 
     return from_chunks(jax.lax.map(chunk, ids_NRBKC), 2, char_ids_RBTC.shape[2])

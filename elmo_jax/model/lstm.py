@@ -99,9 +99,11 @@ def lstm_layer(
 
     n_time = x_RBTI.shape[2]
     if remat_steps <= 0 or n_time <= remat_steps:
-        h_TRBP, h_last, c_last = recurrence(layer["w_h"], layer["w_p"], *input_gates(x_RBTI, mask_RBT),
-                                            h0_RBP, c0_RBH, *clips)
+        h_TRBP, h_last, c_last = recurrence(
+            layer["w_h"], layer["w_p"], *input_gates(x_RBTI, mask_RBT), h0_RBP, c0_RBH, *clips
+        )
         return jnp.moveaxis(h_TRBP, 0, 2), h_last, c_last
+
     # Chunks of remat_steps steps; padding steps have mask 0 and leave the state unchanged.
     # The input gates are computed inside the chunk, so the backward pass keeps only the
     # chunk's inputs [R, B, K, I] and its first state, not the 4H-wide gates.
@@ -111,7 +113,8 @@ def lstm_layer(
         return (h_last, c_last), h_KRBP
 
     (h_last, c_last), h_NKRBP = jax.lax.scan(
-        chunk, (h0_RBP, c0_RBH), (to_chunks(x_RBTI, 2, remat_steps), to_chunks(mask_RBT, 2, remat_steps)))
+        chunk, (h0_RBP, c0_RBH), (to_chunks(x_RBTI, 2, remat_steps), to_chunks(mask_RBT, 2, remat_steps))
+    )
     h_TRBP = from_chunks(h_NKRBP, 0, n_time)
     return jnp.moveaxis(h_TRBP, 0, 2), h_last, c_last
 
@@ -153,8 +156,7 @@ def _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, keep_residuals: bool):
     return step
 
 
-def _recurrence_scan(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype,
-                     keep_residuals: bool):
+def _recurrence_scan(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype, keep_residuals: bool):
     step = _step_fn(w_h, w_p, cell_clip, proj_clip, dtype, keep_residuals)
     return jax.lax.scan(step, (h0_RBP, c0_RBH), (gx_TRBG, mask_TRB1))
 
@@ -206,17 +208,20 @@ def recurrence(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_cli
     quarter of the steps skipped (``benchmarks/step_skip.py``).
     """
     if target_platform() == "cpu":
-        (h_last, c_last), h_TRBP = _recurrence_active_steps(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH,
-                                                            cell_clip, proj_clip, dtype)
+        (h_last, c_last), h_TRBP = _recurrence_active_steps(
+            w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype
+        )
     else:
-        (h_last, c_last), h_TRBP = _recurrence_scan(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH,
-                                                    cell_clip, proj_clip, dtype, False)
+        (h_last, c_last), h_TRBP = _recurrence_scan(
+            w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype, False
+        )
     return h_TRBP, h_last, c_last
 
 
 def _recurrence_fwd(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype):
     (h_last, c_last), (h_TRBP, z, h_prev, c_prev, hp) = _recurrence_scan(
-        w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype, True)
+        w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype, True
+    )
     residuals = (w_h, w_p, mask_TRB1, z, h_prev, c_prev, hp)
     return (h_TRBP, h_last, c_last), residuals
 
@@ -237,18 +242,22 @@ def _recurrence_bwd(cell_clip, proj_clip, dtype, residuals, cotangents):
         da = einsum("rbp,rhp->rbh", dhp, w_p_c, dtype)
         dc = m * dc_RBH + da * so * (1.0 - tc * tc)
         dc_raw = _clip_grad(c_raw, dc, cell_clip)
-        dz = jnp.concatenate([
-            dc_raw * tj * si * (1.0 - si),
-            dc_raw * si * (1.0 - tj * tj),
-            dc_raw * c_prev * sf * (1.0 - sf),
-            da * tc * so * (1.0 - so),
-        ], axis=-1)
+        dz = jnp.concatenate(
+            [
+                dc_raw * tj * si * (1.0 - si),
+                dc_raw * si * (1.0 - tj * tj),
+                dc_raw * c_prev * sf * (1.0 - sf),
+                da * tc * so * (1.0 - so),
+            ],
+            axis=-1,
+        )
         dh_prev = einsum("rbg,rpg->rbp", dz, w_h_c, dtype) + (1.0 - m) * dh_RBP
         dc_prev = dc_raw * sf + (1.0 - m) * dc_RBH
         return (dh_prev, dc_prev), (dz, dhp, so * tc)
 
     (dh0, dc0), (dz_T, dhp_T, a_T) = jax.lax.scan(
-        step, (dh_last, dc_last), (dh_out_TRBP, mask_TRB1, z_T, c_prev_T, hp_T), reverse=True)
+        step, (dh_last, dc_last), (dh_out_TRBP, mask_TRB1, z_T, c_prev_T, hp_T), reverse=True
+    )
     dw_h = einsum("trbp,trbg->rpg", h_prev_T, dz_T, dtype).astype(w_h.dtype)
     dw_p = einsum("trbh,trbp->rhp", a_T, dhp_T, dtype).astype(w_p.dtype)
     return dw_h, dw_p, dz_T, jnp.zeros_like(mask_TRB1), dh0, dc0
@@ -285,7 +294,13 @@ def lstm_stack(
             rng, sub = jax.random.split(rng)
             inputs = dropout(sub, inputs, dropout_rate)
         h_RBTP, h_last, c_last = lstm_layer(
-            layer, config, inputs, mask_RBT, state["h"][n], state["c"][n], dtype=dtype,
+            layer,
+            config,
+            inputs,
+            mask_RBT,
+            state["h"][n],
+            state["c"][n],
+            dtype=dtype,
             remat_steps=remat_steps,
         )
         if n > 0 and config.lstm.use_skip_connections:
@@ -301,4 +316,3 @@ def dropout(rng: jax.Array, x: jax.Array, rate: float) -> jax.Array:
     """Inverted dropout: zero with probability ``rate``, scale the rest by 1/(1-rate)."""
     keep = jax.random.bernoulli(rng, 1.0 - rate, x.shape)
     return jnp.where(keep, x / (1.0 - rate), 0.0).astype(x.dtype)
-

@@ -136,7 +136,8 @@ class Checkpoints:
         if os.path.lexists(self.directory) and not os.path.isdir(self.directory):
             raise CheckpointError(
                 f"{self.directory} is a file, not the folder of checkpoints; move it out of the way "
-                f"(e.g. rename it) and run the same command again")
+                f"(e.g. rename it) and run the same command again"
+            )
         drop_closed_loop_echoes()  # a failed read's late echoes (see elmo_jax.storage_echoes)
         self._logs = _HeldLogs()
         for name in _STORAGE_LOGGERS:
@@ -146,8 +147,7 @@ class Checkpoints:
             self._manager = ocp.CheckpointManager(
                 self.directory,
                 # The writer (create=True, under the workdir lock) removes what a killed save left.
-                options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
-                                                     cleanup_tmp_directories=create),
+                options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create, cleanup_tmp_directories=create),
             )
             # orbax removes those in a background thread and waits for it only at the first
             # save; a start that fails before (and tidies the workdir away under that thread)
@@ -221,7 +221,8 @@ class Checkpoints:
                 raise CheckpointError(
                     f"checkpoint {self.path(step)} could not be restored by process {jax.process_index()}: "
                     f"{_reason(e)}. If it is damaged, move it out of {self.directory} (e.g. to "
-                    f"{os.path.join(self.workdir, DAMAGED_FOLDER)}) and start the job again") from None
+                    f"{os.path.join(self.workdir, DAMAGED_FOLDER)}) and start the job again"
+                ) from None
             damage = self._damage(step)
             if damage is not None:
                 raise DamagedCheckpointError(step, self.path(step), damage) from None
@@ -231,8 +232,7 @@ class Checkpoints:
             if differences:
                 raise self._another_model(step, differences) from None
             raise CheckpointError(
-                f"checkpoint {self.path(step)} does not fit this run's model/optimizer/batch "
-                f"layout: {e}"
+                f"checkpoint {self.path(step)} does not fit this run's model/optimizer/batch layout: {e}"
             ) from None
         state = jax.tree.map(lambda x: x if isinstance(x, jax.Array) else np.asarray(x), out["state"])
         for got, want in zip(jax.tree.leaves(state), jax.tree.leaves(abstract)):
@@ -251,7 +251,8 @@ class Checkpoints:
             f"checkpoint {self.path(step)} was trained with another model: {len(differences)} of its arrays have "
             f"other shapes than this run's (first {differences[0]}). The run's model config (model, "
             f"model_overrides) differs from the checkpoint's: resume with the run's own config (its config.json; "
-            f"the checkpoint's record holds it too), or start a new --workdir")
+            f"the checkpoint's record holds it too), or start a new --workdir"
+        )
 
     def _shape_differences(self, step: int, template: Any) -> list[str]:
         """``"ARRAY: checkpoint SHAPE, this run SHAPE"`` for each array of ``step`` whose
@@ -366,8 +367,7 @@ class Checkpoints:
         done = sorted(int(n) for n in os.listdir(self.directory) if n.isdigit())
         needed = _folder_bytes(self.path(done[-1])) if done else self._state_bytes
         free = shutil.disk_usage(self.directory).free
-        intact = (f"the previous checkpoint {self.path(done[-1])} is intact" if done
-                  else "no earlier checkpoint exists")
+        intact = f"the previous checkpoint {self.path(done[-1])} is intact" if done else "no earlier checkpoint exists"
         return DiskFullError(
             f"disk full: checkpoint {step if step is not None else ''} could not be written to "
             f"{self.directory} (a checkpoint needs about {needed / 2**20:.1f} MiB, "
@@ -382,8 +382,11 @@ class Checkpoints:
             raise CheckpointError(f"no checkpoint in {self.directory}")
         steps = self.all_steps()
         if step not in steps:  # not written (or moved aside): not "damaged"
-            there = (f"the steps there are {', '.join(map(str, sorted(steps)))}: pick one with --step"
-                     if steps else "there is none")
+            there = (
+                f"the steps there are {', '.join(map(str, sorted(steps)))}: pick one with --step"
+                if steps
+                else "there is none"
+            )
             raise CheckpointError(f"there is no checkpoint of step {step} in {self.directory}; {there}")
         return step
 
@@ -397,4 +400,5 @@ def check_vocabulary_size(meta: dict, n_words: int, checkpoint: str, vocab_path:
         raise CheckpointError(
             f"{vocab_path} holds {n_words} words but checkpoint {checkpoint} was trained with {recorded}: "
             f"the vocabulary file was cut or replaced after the run started. Put the run's own vocab.txt "
-            f"back (an export of this run holds a copy) and run the same command again")
+            f"back (an export of this run holds a copy) and run the same command again"
+        )

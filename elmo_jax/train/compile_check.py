@@ -41,7 +41,7 @@ from elmo_jax.train.hlo_cost import Cost, loop_aware_cost
 LM1B_TRAIN_TOKENS = 768_600_000
 LM1B_VOCAB = 793_471
 GB = 1e9
-GiB = 2 ** 30
+GiB = 2**30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,15 +57,25 @@ class Chip:
 
 
 CHIPS = {
-    "v4": Chip("TPU v4", 275e12, 1200e9, 32 * GiB, "cloud.google.com/tpu/docs/v4 (275 TFLOPs bf16, 32 GiB HBM2, 1200 GBps)"),
-    "v5e": Chip("TPU v5e", 197e12, 819e9, 16 * GiB, "cloud.google.com/tpu/docs/v5e (197 TFLOPs bf16, 16 GB HBM2, 819 GBps)"),
-    "v5p": Chip("TPU v5p", 459e12, 2765e9, 95 * GiB, "cloud.google.com/tpu/docs/v5p (459 TFLOPs bf16, 95 GB HBM2e, 2765 GBps)"),
-    "v6e": Chip("TPU v6e", 918e12, 1640e9, 32 * GiB, "cloud.google.com/tpu/docs/v6e (918 TFLOPs bf16, 32 GB HBM, 1640 GBps)"),
+    "v4": Chip(
+        "TPU v4", 275e12, 1200e9, 32 * GiB, "cloud.google.com/tpu/docs/v4 (275 TFLOPs bf16, 32 GiB HBM2, 1200 GBps)"
+    ),
+    "v5e": Chip(
+        "TPU v5e", 197e12, 819e9, 16 * GiB, "cloud.google.com/tpu/docs/v5e (197 TFLOPs bf16, 16 GB HBM2, 819 GBps)"
+    ),
+    "v5p": Chip(
+        "TPU v5p", 459e12, 2765e9, 95 * GiB, "cloud.google.com/tpu/docs/v5p (459 TFLOPs bf16, 95 GB HBM2e, 2765 GBps)"
+    ),
+    "v6e": Chip(
+        "TPU v6e", 918e12, 1640e9, 32 * GiB, "cloud.google.com/tpu/docs/v6e (918 TFLOPs bf16, 32 GB HBM, 1640 GBps)"
+    ),
 }
 
-ESTIMATE_NOTE = ("compile-time estimates: memory from XLA's buffer assignment, FLOPs and bytes counted in the "
-                 "compiled program (loops once per trip), time = max(FLOPs / peak bf16, bytes / HBM bandwidth). "
-                 "Not measured on a device; a real step is slower.")
+ESTIMATE_NOTE = (
+    "compile-time estimates: memory from XLA's buffer assignment, FLOPs and bytes counted in the "
+    "compiled program (loops once per trip), time = max(FLOPs / peak bf16, bytes / HBM bandwidth). "
+    "Not measured on a device; a real step is slower."
+)
 
 
 class CompileCheckError(ElmoError):
@@ -73,8 +83,15 @@ class CompileCheckError(ElmoError):
 
 
 LOCAL = "local"  # the devices of this process's job instead of compile-only ones
-_DEVICE_KINDS = {"TPU v4": "v4", "TPU v5 lite": "v5e", "TPU v5e": "v5e", "TPU v5p": "v5p", "TPU v5": "v5p",
-                 "TPU v6 lite": "v6e", "TPU v6e": "v6e"}
+_DEVICE_KINDS = {
+    "TPU v4": "v4",
+    "TPU v5 lite": "v5e",
+    "TPU v5e": "v5e",
+    "TPU v5p": "v5p",
+    "TPU v5": "v5p",
+    "TPU v6 lite": "v6e",
+    "TPU v6e": "v6e",
+}
 
 
 def chip_of(topology: str) -> Chip | None:
@@ -84,8 +101,10 @@ def chip_of(topology: str) -> Chip | None:
         return CHIPS[kind] if kind else None
     kind = topology.split(":")[0].lower()
     if kind not in CHIPS:
-        raise CompileCheckError(f"topology {topology!r}: unknown chip {kind!r}; use one of "
-                                f"{', '.join(k + ':...' for k in CHIPS)} (e.g. v5e:2x4, v4:2x2x1, v5p:2x2x2)")
+        raise CompileCheckError(
+            f"topology {topology!r}: unknown chip {kind!r}; use one of "
+            f"{', '.join(k + ':...' for k in CHIPS)} (e.g. v5e:2x4, v4:2x2x1, v5p:2x2x2)"
+        )
     return CHIPS[kind]
 
 
@@ -96,12 +115,14 @@ def topology_devices(topology: str) -> list:
         return sorted(jax.devices(), key=lambda d: (d.process_index, d.id))
     try:
         from jax.experimental import topologies
+
         desc = topologies.get_topology_desc(platform="tpu", topology_name=topology)
     except Exception as e:  # noqa: BLE001 - libtpu missing or the name unknown: say which
         raise CompileCheckError(
             f"no compile-only TPU devices for {topology!r} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
             f"install libtpu with  pip install 'elmo-jax[tpu]'  (jax[tpu] of the installed jax's version) and "
-            f"name a topology such as v5e:2x4") from None
+            f"name a topology such as v5e:2x4"
+        ) from None
     return sorted(desc.devices, key=lambda d: (d.process_index, d.id))
 
 
@@ -143,8 +164,16 @@ def _oom_message(error: Exception) -> str | None:
     return (m.group(0) if m else text.splitlines()[0])[:300]
 
 
-def compile_program(what: str, topology: str, fn: Callable, args: tuple, rows_per_chip: int,
-                    tokens_per_chip: int, donate: tuple[int, ...] = (), dump: str | None = None) -> ProgramReport:
+def compile_program(
+    what: str,
+    topology: str,
+    fn: Callable,
+    args: tuple,
+    rows_per_chip: int,
+    tokens_per_chip: int,
+    donate: tuple[int, ...] = (),
+    dump: str | None = None,
+) -> ProgramReport:
     """Lower ``jit(fn)`` on ``args`` (``ShapeDtypeStruct``s with shardings) and compile it;
     ``dump``: a file to write the compiled HLO text to (for :mod:`elmo_jax.train.hlo_cost`)."""
     devices = topology_devices(topology)
@@ -159,22 +188,56 @@ def compile_program(what: str, topology: str, fn: Callable, args: tuple, rows_pe
         message = _oom_message(e)
         if message is None:
             raise
-        return ProgramReport(what, topology, len(devices), hosts, rows_per_chip, tokens_per_chip, False, None, None,
-                             None, message, None, None, None, time.perf_counter() - start)
+        return ProgramReport(
+            what,
+            topology,
+            len(devices),
+            hosts,
+            rows_per_chip,
+            tokens_per_chip,
+            False,
+            None,
+            None,
+            None,
+            message,
+            None,
+            None,
+            None,
+            time.perf_counter() - start,
+        )
     seconds = time.perf_counter() - start
     text = compiled.as_text()
     if dump:
         with open(dump, "w", encoding="utf-8") as f:
             f.write(text)
     mem = compiled.memory_analysis()
-    need = (mem.argument_size_in_bytes + mem.output_size_in_bytes - mem.alias_size_in_bytes
-            + mem.temp_size_in_bytes + mem.generated_code_size_in_bytes)
+    need = (
+        mem.argument_size_in_bytes
+        + mem.output_size_in_bytes
+        - mem.alias_size_in_bytes
+        + mem.temp_size_in_bytes
+        + mem.generated_code_size_in_bytes
+    )
     xla = compiled.cost_analysis() or {}
     if isinstance(xla, (list, tuple)):
         xla = xla[0] if xla else {}
-    return ProgramReport(what, topology, len(devices), hosts, rows_per_chip, tokens_per_chip, True, float(need),
-                         float(mem.temp_size_in_bytes), float(mem.argument_size_in_bytes), None,
-                         loop_aware_cost(text), xla.get("flops"), xla.get("bytes accessed"), seconds)
+    return ProgramReport(
+        what,
+        topology,
+        len(devices),
+        hosts,
+        rows_per_chip,
+        tokens_per_chip,
+        True,
+        float(need),
+        float(mem.temp_size_in_bytes),
+        float(mem.argument_size_in_bytes),
+        None,
+        loop_aware_cost(text),
+        xla.get("flops"),
+        xla.get("bytes accessed"),
+        seconds,
+    )
 
 
 def _sharded(tree, sharding):
@@ -209,10 +272,13 @@ def train_step_program(cfg, topology: str, rows_per_chip: int | None = None, voc
         spec[axis] = "data"
         return NamedSharding(mesh, P(*spec))
 
-    state = _sharded(jax.eval_shape(lambda: init_train_state(jax.random.key(0), model_config, vocab, optimizer)),
-                     replicated)
-    lstm = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows_on(2, x.ndim)),
-                        jax.eval_shape(lambda: zero_state(model_config, B)))
+    state = _sharded(
+        jax.eval_shape(lambda: init_train_state(jax.random.key(0), model_config, vocab, optimizer)), replicated
+    )
+    lstm = jax.tree.map(
+        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=rows_on(2, x.ndim)),
+        jax.eval_shape(lambda: zero_state(model_config, B)),
+    )
     C = model_config.char_cnn.max_characters_per_token
     batch = {}
     for d in ("fwd", "bwd"):
@@ -234,14 +300,22 @@ def default_vocab_size(cfg) -> int:
     raise CompileCheckError(f"data {cfg.data!r} has no known vocabulary size here; pass --vocab-size N")
 
 
-def check_train_step(cfg, topology: str, rows_per_chip: int | None = None,
-                     vocab_size: int | None = None, dump: str | None = None) -> ProgramReport:
+def check_train_step(
+    cfg, topology: str, rows_per_chip: int | None = None, vocab_size: int | None = None, dump: str | None = None
+) -> ProgramReport:
     fn, args, rows, tokens = train_step_program(cfg, topology, rows_per_chip, vocab_size)
     return compile_program("train step", topology, fn, args, rows, tokens, donate=(0, 1), dump=dump)
 
 
-def largest_rows(cfg, topology: str, start: int, vocab_size: int | None = None, max_compiles: int = 4,
-                 first: ProgramReport | None = None, log: Callable[[str], None] = lambda m: None) -> int | None:
+def largest_rows(
+    cfg,
+    topology: str,
+    start: int,
+    vocab_size: int | None = None,
+    max_compiles: int = 4,
+    first: ProgramReport | None = None,
+    log: Callable[[str], None] = lambda m: None,
+) -> int | None:
     """The most rows per chip (a multiple of 8) found to fit, by compiling: doubling from
     ``start`` until a compile fails, then halving the gap, at most ``max_compiles`` compiles
     besides ``first`` (the report at ``start``, if already compiled)."""
@@ -282,8 +356,11 @@ def embed_program(cfg, topology: str, batch: int = 1024, tokens: int = 20):
         raise CompileCheckError(f"an embed batch of {batch} does not split over {n} chips; use a multiple of {n}")
     config = cfg.elmo_config()
     params = _sharded(jax.eval_shape(lambda: init_params(jax.random.key(0), config)), NamedSharding(mesh, P()))
-    ids = jax.ShapeDtypeStruct((batch, tokens, config.char_cnn.max_characters_per_token), jnp.int32,
-                               sharding=NamedSharding(mesh, P("data", None, None)))
+    ids = jax.ShapeDtypeStruct(
+        (batch, tokens, config.char_cnn.max_characters_per_token),
+        jnp.int32,
+        sharding=NamedSharding(mesh, P("data", None, None)),
+    )
     fn = functools.partial(bilm, config=config, dtype=compute_dtype(cfg.compute_dtype))
 
     def forward(p, x):
@@ -294,8 +371,9 @@ def embed_program(cfg, topology: str, batch: int = 1024, tokens: int = 20):
 
 def check_embed(cfg, topology: str, batch: int = 1024, tokens: int = 20, dump: str | None = None) -> ProgramReport:
     fn, args, rows, tok = embed_program(cfg, topology, batch, tokens)
-    return compile_program(f"Elmo.embed forward, batch {batch} x {tokens} tokens", topology, fn, args, rows, tok,
-                           dump=dump)
+    return compile_program(
+        f"Elmo.embed forward, batch {batch} x {tokens} tokens", topology, fn, args, rows, tok, dump=dump
+    )
 
 
 # -- the report -----------------------------------------------------------------------------
@@ -309,41 +387,60 @@ def _hours(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds < 72 * 3600 else f"{seconds / 86400:.1f} days"
 
 
-def describe(report: ProgramReport, chip: Chip | None, epochs: int = 10, train_tokens: int = LM1B_TRAIN_TOKENS) -> list[str]:
+def describe(
+    report: ProgramReport, chip: Chip | None, epochs: int = 10, train_tokens: int = LM1B_TRAIN_TOKENS
+) -> list[str]:
     """Lines for a human (see :data:`ESTIMATE_NOTE`)."""
-    head = (f"{report.what} on {report.topology} ({report.chips} chips, {report.hosts} host"
-            f"{'s' if report.hosts > 1 else ''}), {report.rows_per_chip} rows per chip:")
+    head = (
+        f"{report.what} on {report.topology} ({report.chips} chips, {report.hosts} host"
+        f"{'s' if report.hosts > 1 else ''}), {report.rows_per_chip} rows per chip:"
+    )
     hbm = f"{chip.hbm_bytes / GiB:.0f} GiB" if chip else "the device's memory"
     if not report.fits:
         return [head, f"  does NOT fit {hbm}: {report.error}"]
     cost = report.cost
-    lines = [head,
-             f"  fits: HBM needed {_gib(report.hbm_needed)} of {hbm} per chip "
-             f"(temporaries {_gib(report.temp_bytes)}, arguments {_gib(report.argument_bytes)})",
-             f"  per chip and step, loops counted per trip: {cost.flops / 1e12:.3f} TFLOP, {cost.bytes / GB:.2f} GB "
-             f"moved (XLA's loop-once count: {(report.xla_flops or 0) / 1e12:.3f} TFLOP, "
-             f"{(report.xla_bytes or 0) / GB:.2f} GB)"]
+    lines = [
+        head,
+        f"  fits: HBM needed {_gib(report.hbm_needed)} of {hbm} per chip "
+        f"(temporaries {_gib(report.temp_bytes)}, arguments {_gib(report.argument_bytes)})",
+        f"  per chip and step, loops counted per trip: {cost.flops / 1e12:.3f} TFLOP, {cost.bytes / GB:.2f} GB "
+        f"moved (XLA's loop-once count: {(report.xla_flops or 0) / 1e12:.3f} TFLOP, "
+        f"{(report.xla_bytes or 0) / GB:.2f} GB)",
+    ]
     if cost.unknown_trip_counts:
-        lines.append(f"  {cost.unknown_trip_counts} loop(s) run to a data-dependent length, counted at their "
-                     f"upper bound (the longest sentence of the batch)")
+        lines.append(
+            f"  {cost.unknown_trip_counts} loop(s) run to a data-dependent length, counted at their "
+            f"upper bound (the longest sentence of the batch)"
+        )
     if chip is None:
         return lines + ["  no roofline: not a TPU with published figures"]
     t = report.roofline_seconds(chip)
     bound = "memory" if cost.bytes / chip.hbm_bandwidth >= cost.flops / chip.bf16_flops else "compute"
     tps = report.tokens_per_second(chip)
-    lines.append(f"  roofline {t * 1e3:.1f} ms per step ({bound}-bound on {chip.name}: "
-                 f"{chip.bf16_flops / 1e12:.0f} TFLOP/s bf16, {chip.hbm_bandwidth / GB:.0f} GB/s) -> "
-                 f"{tps:,.0f} tokens/s per chip, {tps * report.chips:,.0f} on {report.chips} chips")
+    lines.append(
+        f"  roofline {t * 1e3:.1f} ms per step ({bound}-bound on {chip.name}: "
+        f"{chip.bf16_flops / 1e12:.0f} TFLOP/s bf16, {chip.hbm_bandwidth / GB:.0f} GB/s) -> "
+        f"{tps:,.0f} tokens/s per chip, {tps * report.chips:,.0f} on {report.chips} chips"
+    )
     if report.what == "train step":
         total = epochs * train_tokens / (tps * report.chips)
-        lines.append(f"  {epochs} epochs of lm1b ({train_tokens / 1e6:.1f}M tokens each) in {_hours(total)} "
-                     f"on {report.chips} chips")
+        lines.append(
+            f"  {epochs} epochs of lm1b ({train_tokens / 1e6:.1f}M tokens each) in {_hours(total)} "
+            f"on {report.chips} chips"
+        )
     return lines
 
 
-def run_check(cfg, topology: str, rows_per_chip: int | None = None, vocab_size: int | None = None,
-              search: bool = True, max_compiles: int = 4, embed: bool = True,
-              log: Callable[[str], None] = print) -> list[ProgramReport]:
+def run_check(
+    cfg,
+    topology: str,
+    rows_per_chip: int | None = None,
+    vocab_size: int | None = None,
+    search: bool = True,
+    max_compiles: int = 4,
+    embed: bool = True,
+    log: Callable[[str], None] = print,
+) -> list[ProgramReport]:
     """The compile-only check of ``elmo-jax compile`` and ``train --compile_check``."""
     chip = chip_of(topology)
     source = f"{chip.name}; figures from {chip.source}" if chip else "no published figures"
@@ -356,8 +453,10 @@ def run_check(cfg, topology: str, rows_per_chip: int | None = None, vocab_size: 
         log("  hint: set --config.remat_steps=5 (recompute activations in chunks of 5 steps; the same numbers)")
     if search:
         best = largest_rows(cfg, topology, report.rows_per_chip, vocab_size, max_compiles, report, log)
-        log(f"  largest rows per chip found to fit: {best if best else 'none (not even 8)'}"
-            f" (within {max_compiles} compiles)")
+        log(
+            f"  largest rows per chip found to fit: {best if best else 'none (not even 8)'}"
+            f" (within {max_compiles} compiles)"
+        )
     if embed:
         e = check_embed(cfg, topology)
         reports.append(e)

@@ -233,10 +233,14 @@ def _validate(cfg: TrainConfig) -> None:
     if cfg.parallel not in PARALLEL_MODES:
         raise ConfigError(f"parallel {cfg.parallel!r} is not supported; use one of {', '.join(PARALLEL_MODES)}")
     if cfg.softmax_update not in SOFTMAX_UPDATES:
-        raise ConfigError(f"softmax_update {cfg.softmax_update!r} is not supported; use one of {', '.join(SOFTMAX_UPDATES)}")
+        raise ConfigError(
+            f"softmax_update {cfg.softmax_update!r} is not supported; use one of {', '.join(SOFTMAX_UPDATES)}"
+        )
     if cfg.softmax_update == "sparse" and cfg.optimizer != "adagrad":
-        raise ConfigError(f"softmax_update 'sparse' needs optimizer 'adagrad' (with {cfg.optimizer!r} the rows a step "
-                          f"does not touch still move); set softmax_update='dense'")
+        raise ConfigError(
+            f"softmax_update 'sparse' needs optimizer 'adagrad' (with {cfg.optimizer!r} the rows a step "
+            f"does not touch still move); set softmax_update='dense'"
+        )
     if not cfg.data:
         raise ConfigError("data must name a corpus source, e.g. 'synthetic' or 'lm1b'")
     if cfg.init_from is not None and not cfg.init_from:
@@ -266,8 +270,10 @@ def _validate(cfg: TrainConfig) -> None:
         "corpus_size": (cfg.corpus_size, 1),
     }
     if cfg.data_workers is not None and cfg.data_workers > MAX_DATA_WORKERS:
-        raise ConfigError(f"data_workers {cfg.data_workers} is more than {MAX_DATA_WORKERS}: each is a process; "
-                          f"use about the number of host cores the step leaves free")
+        raise ConfigError(
+            f"data_workers {cfg.data_workers} is more than {MAX_DATA_WORKERS}: each is a process; "
+            f"use about the number of host cores the step leaves free"
+        )
     for name, (value, low) in at_least.items():
         if value is not None and value < low:
             raise ConfigError(f"{name} must be >= {low}, got {value}")
@@ -288,9 +294,7 @@ def _lists_as_tuples(value: Any) -> Any:
 
 def _check_type(name: str, value: Any, tp: Any) -> None:
     if not _isinstance(value, tp):
-        raise ConfigError(
-            f"{name} must be {_type_name(tp)}, got {type(value).__name__} ({value!r})"
-        )
+        raise ConfigError(f"{name} must be {_type_name(tp)}, got {type(value).__name__} ({value!r})")
 
 
 def _isinstance(value: Any, tp: Any) -> bool:
@@ -360,8 +364,9 @@ def resolve_config_path(path: str | os.PathLike) -> Path:
         raise ConfigError(f"config {os.fspath(path)!r} is a folder; give a config file such as configs/small.py")
     tried = ", ".join(str(c) for c in dict.fromkeys(candidates))
     shipped = sorted(f.stem for f in (root / "configs").glob("*.py"))
-    hint = did_you_mean(p.name.removesuffix(".py"), shipped, spell=lambda name: f"configs/{name}.py ({name!r})",
-                       cutoff=0.5)  # few, short names: 'tyni' is 0.5 from 'tiny'
+    hint = did_you_mean(
+        p.name.removesuffix(".py"), shipped, spell=lambda name: f"configs/{name}.py ({name!r})", cutoff=0.5
+    )  # few, short names: 'tyni' is 0.5 from 'tiny'
     raise ConfigError(f"config file {os.fspath(path)!r} not found{hint} (looked at: {tried})")
 
 
@@ -395,9 +400,7 @@ def load_config(path: str | os.PathLike) -> TrainConfig:
         except ConfigError as e:
             raise ConfigError(f"{file}: {e}") from None
     if not isinstance(cfg, TrainConfig):
-        raise ConfigError(
-            f"{file}: get_config() returned {type(cfg).__name__}; expected a TrainConfig or dict"
-        )
+        raise ConfigError(f"{file}: get_config() returned {type(cfg).__name__}; expected a TrainConfig or dict")
     return cfg
 
 
@@ -487,7 +490,7 @@ def _split_override(item: str) -> tuple[str, str]:
     key = key.strip()
     for prefix in ("--config.", "config."):
         if key.startswith(prefix):
-            key = key[len(prefix):]
+            key = key[len(prefix) :]
     if not key:
         raise ConfigError(f"override {item!r} has an empty key")
     return key, value
@@ -561,7 +564,7 @@ def parse_config_args(argv: Sequence[str]) -> tuple[TrainConfig, list[str]]:
             path = value
             continue
         if arg.startswith("--config."):
-            key = arg[len("--config."):]
+            key = arg[len("--config.") :]
             if "=" in key:
                 overrides.append(key)
                 i += 1

@@ -85,7 +85,8 @@ def settings_from_args(args, environ=None) -> Settings | None:
         if heartbeat is not None:
             raise DistributedError(
                 "--heartbeat-timeout only applies to a multi-process job, and this run is a single process; "
-                "add --distributed (or --coordinator/--num-processes/--process-id), or drop the flag")
+                "add --distributed (or --coordinator/--num-processes/--process-id), or drop the flag"
+            )
         return None
     if num_processes is not None and num_processes < 1:
         raise DistributedError(f"--num-processes must be >= 1, got {num_processes}")
@@ -95,8 +96,10 @@ def settings_from_args(args, environ=None) -> Settings | None:
 
 
 def _accelerator_plugin_present() -> bool:
-    return any(importlib.util.find_spec(name) is not None
-               for name in ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "libtpu"))
+    return any(
+        importlib.util.find_spec(name) is not None
+        for name in ("jax_cuda12_plugin", "jax_cuda13_plugin", "jax_rocm60_plugin", "libtpu")
+    )
 
 
 def _cpu_only() -> bool:
@@ -168,8 +171,9 @@ def allgather_json(key: str, value: Any, timeout_s: float = 600.0) -> list:
     if not is_multiprocess():
         return [value]
     publish(f"{key}/{jax.process_index()}", json.dumps(value))
-    return [json.loads(wait_for_value(f"{key}/{p}", timeout_s, f"process {p}'s {key}"))
-            for p in range(jax.process_count())]
+    return [
+        json.loads(wait_for_value(f"{key}/{p}", timeout_s, f"process {p}'s {key}")) for p in range(jax.process_count())
+    ]
 
 
 def any_process(flag: bool) -> bool:

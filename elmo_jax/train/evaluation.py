@@ -15,9 +15,19 @@ from elmo_jax.train.losses import perplexity
 from elmo_jax.train.parallel import make_eval_fn
 
 
-def evaluate(params: dict, config: ElmoConfig, source, vocab: Vocabulary, *, batch_size: int = 32,
-             unroll_steps: int = 20, dtype=jnp.float32, max_batches: int | None = None,
-             eval_fn=None, should_stop: Callable[[], bool] | None = None) -> dict | None:
+def evaluate(
+    params: dict,
+    config: ElmoConfig,
+    source,
+    vocab: Vocabulary,
+    *,
+    batch_size: int = 32,
+    unroll_steps: int = 20,
+    dtype=jnp.float32,
+    max_batches: int | None = None,
+    eval_fn=None,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict | None:
     """Held-out perplexity with the full softmax, no dropout, LSTM state carried.
 
     With one row (``batch_size=1``) the window length is irrelevant, so this equals the
@@ -39,8 +49,9 @@ def evaluate(params: dict, config: ElmoConfig, source, vocab: Vocabulary, *, bat
     if batch_size < 1 or (max_batches is not None and max_batches < 1):
         raise ValueError(f"batch_size and max_batches must be >= 1, got {batch_size} and {max_batches}")
     eval_fn = eval_fn or make_eval_fn(config, dtype)
-    batcher = LMBatcher(source, vocab, batch_size, unroll_steps, config.char_cnn.max_characters_per_token,
-                        shuffle=False, num_epochs=1)
+    batcher = LMBatcher(
+        source, vocab, batch_size, unroll_steps, config.char_cnn.max_characters_per_token, shuffle=False, num_epochs=1
+    )
     state = zero_state(config, batch_size)
     totals = np.zeros(4)
     for n, batch in enumerate(batcher):
@@ -54,8 +65,10 @@ def evaluate(params: dict, config: ElmoConfig, source, vocab: Vocabulary, *, bat
         state, m = eval_fn(params, state, batch)
         totals += [float(m["fwd_loss_sum"]), float(m["fwd_count"]), float(m["bwd_loss_sum"]), float(m["bwd_count"])]
     if not totals[1] or not totals[3]:
-        raise ValueError("the held-out data gave no positions to score (no sentences?): a perplexity "
-                         "needs at least one held-out sentence")
+        raise ValueError(
+            "the held-out data gave no positions to score (no sentences?): a perplexity "
+            "needs at least one held-out sentence"
+        )
     fwd = totals[0] / totals[1]
     bwd = totals[2] / totals[3]
     return {

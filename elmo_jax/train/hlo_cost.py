@@ -29,19 +29,84 @@ import math
 import re
 
 _DTYPE_BYTES = {
-    "pred": 1, "s4": 0.5, "u4": 0.5, "s8": 1, "u8": 1, "s16": 2, "u16": 2, "f16": 2, "bf16": 2, "s32": 4,
-    "u32": 4, "f32": 4, "s64": 8, "u64": 8, "f64": 8, "c64": 8, "c128": 16,
+    "pred": 1,
+    "s4": 0.5,
+    "u4": 0.5,
+    "s8": 1,
+    "u8": 1,
+    "s16": 2,
+    "u16": 2,
+    "f16": 2,
+    "bf16": 2,
+    "s32": 4,
+    "u32": 4,
+    "f32": 4,
+    "s64": 8,
+    "u64": 8,
+    "f64": 8,
+    "c64": 8,
+    "c128": 16,
 }
 _ARRAY = re.compile(r"\b(pred|[subfc]\d+|f8e\w+|bf16)\[([\d,]*)\]")
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _NAME = re.compile(r"%([\w.\-]+)")
-_FREE = {"parameter", "constant", "get-tuple-element", "tuple", "bitcast", "after-all", "partition-id",
-         "replica-id", "iota", "copy-done", "all-reduce-done", "all-gather-done", "collective-permute-done",
-         "async-done", "send-done", "recv-done", "opt-barrier", "domain", "add-dependency"}
-_ELEMENTWISE = {"add", "subtract", "multiply", "divide", "maximum", "minimum", "negate", "abs", "compare",
-                "select", "clamp", "exponential", "log", "tanh", "logistic", "rsqrt", "sqrt", "power",
-                "exponential-minus-one", "log-plus-one", "sign", "floor", "ceil", "round-nearest-even",
-                "remainder", "and", "or", "xor", "not", "erf", "cosine", "sine", "atan2", "cbrt"}
+_FREE = {
+    "parameter",
+    "constant",
+    "get-tuple-element",
+    "tuple",
+    "bitcast",
+    "after-all",
+    "partition-id",
+    "replica-id",
+    "iota",
+    "copy-done",
+    "all-reduce-done",
+    "all-gather-done",
+    "collective-permute-done",
+    "async-done",
+    "send-done",
+    "recv-done",
+    "opt-barrier",
+    "domain",
+    "add-dependency",
+}
+_ELEMENTWISE = {
+    "add",
+    "subtract",
+    "multiply",
+    "divide",
+    "maximum",
+    "minimum",
+    "negate",
+    "abs",
+    "compare",
+    "select",
+    "clamp",
+    "exponential",
+    "log",
+    "tanh",
+    "logistic",
+    "rsqrt",
+    "sqrt",
+    "power",
+    "exponential-minus-one",
+    "log-plus-one",
+    "sign",
+    "floor",
+    "ceil",
+    "round-nearest-even",
+    "remainder",
+    "and",
+    "or",
+    "xor",
+    "not",
+    "erf",
+    "cosine",
+    "sine",
+    "atan2",
+    "cbrt",
+}
 _SLICING = {"dynamic-slice", "slice", "gather"}
 
 
@@ -66,8 +131,12 @@ class Cost:
     unknown_trip_counts: int  # data-dependent loops, counted at the bound their stacked arrays give
 
     def __add__(self, other: "Cost") -> "Cost":
-        return Cost(self.flops + other.flops, self.bytes + other.bytes, self.loops + other.loops,
-                    self.unknown_trip_counts + other.unknown_trip_counts)
+        return Cost(
+            self.flops + other.flops,
+            self.bytes + other.bytes,
+            self.loops + other.loops,
+            self.unknown_trip_counts + other.unknown_trip_counts,
+        )
 
     def times(self, n: int) -> "Cost":
         return Cost(self.flops * n, self.bytes * n, self.loops, self.unknown_trip_counts)
@@ -124,7 +193,7 @@ def _parse_instruction(line: str) -> Instruction | None:
     name, rest = line[1:].split(" = ", 1)
     if rest.startswith("("):
         end = _closing(rest, 0)
-        shape, rest = rest[:end + 1], rest[end + 1:].lstrip()
+        shape, rest = rest[: end + 1], rest[end + 1 :].lstrip()
     else:
         shape, _, rest = rest.partition(" ")
     paren = rest.find("(")
@@ -132,8 +201,8 @@ def _parse_instruction(line: str) -> Instruction | None:
         return None
     opcode = rest[:paren]
     end = _closing(rest, paren)
-    operands = tuple(m for part in _split_top(rest[paren + 1:end]) for m in _NAME.findall(part)[-1:])
-    return Instruction(name, shape, opcode, operands, rest[paren + 1:end], rest[end + 1:], is_root)
+    operands = tuple(m for part in _split_top(rest[paren + 1 : end]) for m in _NAME.findall(part)[-1:])
+    return Instruction(name, shape, opcode, operands, rest[paren + 1 : end], rest[end + 1 :], is_root)
 
 
 def parse_hlo(text: str) -> tuple[dict[str, list[Instruction]], str]:
@@ -296,23 +365,27 @@ class _Walker:
                 body, cond = _attr(inst.attrs, "body"), _attr(inst.attrs, "condition")
                 known = self.trip_count(comp, inst, cond)
                 trips = known or _stacked_bound(inst.shape)
-                inner = (self.cost(body, depth + 1, trips_outside * trips)
-                         + self.cost(cond, depth + 1, trips_outside * trips))
+                inner = self.cost(body, depth + 1, trips_outside * trips) + self.cost(
+                    cond, depth + 1, trips_outside * trips
+                )
                 found = Cost(0.0, 0.0, ((inst.name, trips),), 0 if known else 1)
                 total = total + found + inner.times(trips)
             elif inst.opcode == "conditional":
                 branches = re.findall(r"%([\w.\-]+)", _attr(inst.attrs, "branch_computations") or "")
-                branches += [b for b in (_attr(inst.attrs, "true_computation"), _attr(inst.attrs, "false_computation"))
-                             if b]
+                branches += [
+                    b for b in (_attr(inst.attrs, "true_computation"), _attr(inst.attrs, "false_computation")) if b
+                ]
                 costs = [self.cost(b, depth + 1, trips_outside) for b in branches]
                 total = total + max(costs, key=lambda c: c.flops + c.bytes, default=ZERO)
             elif inst.opcode in ("call", "async-start") or (inst.opcode.endswith("-start") and "calls=" in inst.attrs):
-                total = total + self.cost(_attr(inst.attrs, "to_apply") or _attr(inst.attrs, "calls") or "", depth + 1,
-                                          trips_outside)
+                total = total + self.cost(
+                    _attr(inst.attrs, "to_apply") or _attr(inst.attrs, "calls") or "", depth + 1, trips_outside
+                )
             else:
                 one = Cost(self._inst_flops(comp, inst), self._inst_bytes(comp, inst), (), 0)
-                self.records.append((one.bytes * trips_outside, one.flops * trips_outside, trips_outside, comp,
-                                     inst.name, inst.opcode))
+                self.records.append(
+                    (one.bytes * trips_outside, one.flops * trips_outside, trips_outside, comp, inst.name, inst.opcode)
+                )
                 total = total + one
         return total
 
@@ -330,8 +403,9 @@ class _Walker:
                 return None
             args = [names.get(o) for o in root.operands]
             order = [_param_index(next(i for i in fused if i.name == o)) for o in inner.operands]
-            root = Instruction(root.name, root.shape, "compare", tuple(args[k].name for k in order if args[k]),
-                               "", inner.attrs, True)
+            root = Instruction(
+                root.name, root.shape, "compare", tuple(args[k].name for k in order if args[k]), "", inner.attrs, True
+            )
         if root is None or root.opcode != "compare" or len(root.operands) != 2:
             return None
         direction = _attr(root.attrs, "direction")
@@ -349,7 +423,9 @@ class _Walker:
             return None
         if limit_first:  # N > i  ==  i < N
             direction = {"GT": "LT", "GE": "LE", "LT": "GT", "LE": "GE"}.get(direction, direction)
-        trips = {"LT": n - init, "LE": n - init + 1, "GT": init - n, "GE": init - n + 1, "NE": abs(n - init)}.get(direction)
+        trips = {"LT": n - init, "LE": n - init + 1, "GT": init - n, "GE": init - n + 1, "NE": abs(n - init)}.get(
+            direction
+        )
         return trips if trips and trips > 0 else None
 
     def _initial_value(self, comp: str, loop: Instruction, index: int) -> int | None:

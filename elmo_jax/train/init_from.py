@@ -67,8 +67,10 @@ class Pretrained:
 
 def architecture_fields(config: ElmoConfig) -> dict[str, Any]:
     """Every ``ElmoConfig.replace`` field of ``config`` with its value."""
-    return {**{f.name: getattr(config.char_cnn, f.name) for f in dataclasses.fields(CharCNNConfig)},
-            **{f.name: getattr(config.lstm, f.name) for f in dataclasses.fields(LSTMConfig)}}
+    return {
+        **{f.name: getattr(config.char_cnn, f.name) for f in dataclasses.fields(CharCNNConfig)},
+        **{f.name: getattr(config.lstm, f.name) for f in dataclasses.fields(LSTMConfig)},
+    }
 
 
 # n_characters 261 and 262 describe the same model (config.py); it is never a difference.
@@ -89,20 +91,24 @@ def adopt_architecture(cfg: TrainConfig, architecture: ElmoConfig, source: str) 
             continue
         mine = architecture_fields(preset.replace(**{key: value}))[key]
         if mine != wanted[key]:
-            differences.append(f"model_overrides.{key}: the config has {_show(mine)}, the model has {_show(wanted[key])}")
+            differences.append(
+                f"model_overrides.{key}: the config has {_show(mine)}, the model has {_show(wanted[key])}"
+            )
     if differences:
         raise TrainingError(
-            f"the config contradicts the architecture of init_from {source}:\n  " + "\n  ".join(differences)
+            f"the config contradicts the architecture of init_from {source}:\n  "
+            + "\n  ".join(differences)
             + "\nthe architecture comes from the model's options.json: drop these model_overrides "
-              "(or start from scratch without init_from to train another architecture)"
+            "(or start from scratch without init_from to train another architecture)"
         )
     base = architecture_fields(preset)
     overrides = {k: _plain(v) for k, v in wanted.items() if k not in _SAME_MODEL_FIELDS and base[k] != v}
     return cfg.replace(model_overrides=overrides)
 
 
-def start_config(cfg: TrainConfig, workdir: str, resuming: bool, *, progress: bool = True,
-                 log: Callable[[str], None] = print) -> tuple[TrainConfig, Pretrained | None]:
+def start_config(
+    cfg: TrainConfig, workdir: str, resuming: bool, *, progress: bool = True, log: Callable[[str], None] = print
+) -> tuple[TrainConfig, Pretrained | None]:
     """The config of an ``init_from`` run and, for a new run, the weights to start from.
 
     A new run reads ``cfg.init_from``; a resumed one (``resuming``: the workdir has a
@@ -126,8 +132,10 @@ def _recorded_architecture(workdir: str) -> ElmoConfig:
             return TrainConfig(**json.load(f)).elmo_config()
     if os.path.exists(options_path):
         return ElmoConfig.from_json_file(options_path)
-    raise TrainingError(f"{workdir} has a checkpoint but neither config.json nor options.json: the run's "
-                        f"architecture is unknown; restore them or start a new --workdir")
+    raise TrainingError(
+        f"{workdir} has a checkpoint but neither config.json nor options.json: the run's "
+        f"architecture is unknown; restore them or start a new --workdir"
+    )
 
 
 def load_pretrained(spec: str, *, progress: bool = True) -> Pretrained:
@@ -144,8 +152,10 @@ def resolve_folder(spec: str, *, progress: bool = True) -> str:
     if os.path.isdir(path):
         return os.path.abspath(path)
     if os.path.exists(path):
-        raise TrainingError(f"init_from {spec!r} is a file; give the model's folder (options.json and the "
-                            f"weight file), a run's workdir, a released model's name or a URL")
+        raise TrainingError(
+            f"init_from {spec!r} is a file; give the model's folder (options.json and the "
+            f"weight file), a run's workdir, a released model's name or a URL"
+        )
     if "://" not in spec and (os.sep in spec or spec.startswith((".", "~"))):
         raise TrainingError(f"init_from folder {spec!r} not found")
     return os.path.abspath(os.fspath(resolve_model(spec, progress=progress)))
@@ -160,8 +170,13 @@ def _from_workdir(folder: str) -> Pretrained:
     except CheckpointError as e:
         raise TrainingError(f"init_from {folder} is a training workdir without a usable checkpoint: {e}") from None
     params = jax.tree.map(np.asarray, loaded.params)
-    return Pretrained(f"{folder} (checkpoint {loaded.step})", loaded.model_config, params["bilm"],
-                      params["softmax"], loaded.vocab.tokens)
+    return Pretrained(
+        f"{folder} (checkpoint {loaded.step})",
+        loaded.model_config,
+        params["bilm"],
+        params["softmax"],
+        loaded.vocab.tokens,
+    )
 
 
 def _from_model_folder(folder: str) -> Pretrained:
@@ -173,29 +188,39 @@ def _from_model_folder(folder: str) -> Pretrained:
             f"init_from {folder}: an ELMoForManyLangs model reads its tokens as char.dic / word.dic ids and "
             f"has a word table, while pretraining here feeds UTF-8 byte ids to a char-CNN-only model, so its "
             f"weights cannot continue training here; use it with Elmo.embed, ElmoLayer or elmo_jax.finetune, "
-            f"or pretrain a model of your own (train.py) on your corpus")
+            f"or pretrain a model of your own (train.py) on your corpus"
+        )
     bilm = jax.tree.map(lambda x: np.asarray(x, np.float32), elmo.params)
     softmax_path, vocab_path = os.path.join(folder, SOFTMAX_FILE), os.path.join(folder, VOCAB_FILE)
     if not os.path.exists(softmax_path):
-        return Pretrained(folder, elmo.config, bilm, None, None,
-                          note=f"{folder} has no {SOFTMAX_FILE} (released models ship none)")
+        return Pretrained(
+            folder, elmo.config, bilm, None, None, note=f"{folder} has no {SOFTMAX_FILE} (released models ship none)"
+        )
     if not os.path.exists(vocab_path):
-        raise TrainingError(f"{folder} has {SOFTMAX_FILE} but no {VOCAB_FILE}: which row is which token is "
-                            f"unknown; put the export's {VOCAB_FILE} beside it, or remove {SOFTMAX_FILE} "
-                            f"to start the softmax fresh")
+        raise TrainingError(
+            f"{folder} has {SOFTMAX_FILE} but no {VOCAB_FILE}: which row is which token is "
+            f"unknown; put the export's {VOCAB_FILE} beside it, or remove {SOFTMAX_FILE} "
+            f"to start the softmax fresh"
+        )
     tokens = Vocabulary.load(vocab_path).tokens
     try:
         with h5py.File(softmax_path, "r") as f:
-            softmax = {"w": np.asarray(f["softmax/W"][...], np.float32), "b": np.asarray(f["softmax/b"][...], np.float32)}
+            softmax = {
+                "w": np.asarray(f["softmax/W"][...], np.float32),
+                "b": np.asarray(f["softmax/b"][...], np.float32),
+            }
     except (OSError, KeyError) as e:
-        raise TrainingError(f"{softmax_path} is not a softmax written by elmo-jax export ({e}); remove it "
-                            f"to start the softmax fresh") from None
+        raise TrainingError(
+            f"{softmax_path} is not a softmax written by elmo-jax export ({e}); remove it to start the softmax fresh"
+        ) from None
     check_finite_weights({f"softmax/{k}": v for k, v in softmax.items()}, softmax_path)
     want_w, want_b = (len(tokens), elmo.config.projection_dim), (len(tokens),)
     if softmax["w"].shape != want_w or softmax["b"].shape != want_b:
-        raise TrainingError(f"{softmax_path} holds softmax/W {softmax['w'].shape} and softmax/b "
-                            f"{softmax['b'].shape}; {VOCAB_FILE} ({len(tokens)} tokens) and options.json "
-                            f"(projection_dim {elmo.config.projection_dim}) say {want_w} and {want_b}")
+        raise TrainingError(
+            f"{softmax_path} holds softmax/W {softmax['w'].shape} and softmax/b "
+            f"{softmax['b'].shape}; {VOCAB_FILE} ({len(tokens)} tokens) and options.json "
+            f"(projection_dim {elmo.config.projection_dim}) say {want_w} and {want_b}"
+        )
     return Pretrained(folder, elmo.config, bilm, softmax, tokens)
 
 
@@ -216,8 +241,9 @@ def carry_softmax(fresh: dict, vocab: Vocabulary, pretrained: Pretrained) -> tup
     return {"w": w, "b": b}, len(pairs)
 
 
-def initial_train_state(fresh: dict, pretrained: Pretrained, vocab: Vocabulary, optimizer,
-                        log: Callable[[str], None] = print) -> dict:
+def initial_train_state(
+    fresh: dict, pretrained: Pretrained, vocab: Vocabulary, optimizer, log: Callable[[str], None] = print
+) -> dict:
     """The train state a new ``init_from`` run starts with: the pretrained biLM, the carried
     softmax (:func:`carry_softmax`), a fresh optimizer state and step 0.  ``fresh``: the
     state a fresh run would start with (gives the fresh softmax rows and the layout)."""
@@ -226,11 +252,15 @@ def initial_train_state(fresh: dict, pretrained: Pretrained, vocab: Vocabulary, 
     expected = jax.tree.map(lambda x: (np.shape(x), np.dtype(x.dtype)), fresh["params"])
     got = jax.tree.map(lambda x: (np.shape(x), np.dtype(x.dtype)), params)
     if jax.tree.structure(expected) != jax.tree.structure(got) or jax.tree.leaves(expected) != jax.tree.leaves(got):
-        raise TrainingError(f"the weights of {pretrained.source} do not have the layout of their own "
-                            f"options.json; is the weight file the one these options describe?")
+        raise TrainingError(
+            f"the weights of {pretrained.source} do not have the layout of their own "
+            f"options.json; is the weight file the one these options describe?"
+        )
     why = f" ({pretrained.note})" if pretrained.note else ""
-    log(f"init_from: biLM weights from {pretrained.source}; softmax rows carried over: {carried} of "
-        f"{len(vocab)}{why}, the others fresh; optimizer state fresh")
+    log(
+        f"init_from: biLM weights from {pretrained.source}; softmax rows carried over: {carried} of "
+        f"{len(vocab)}{why}, the others fresh; optimizer state fresh"
+    )
     return {"params": params, "opt_state": optimizer.init(params), "step": np.asarray(fresh["step"])}
 
 

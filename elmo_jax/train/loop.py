@@ -59,19 +59,38 @@ from elmo_jax.train.run_data import RunData, data_dir_for, default_heldout, prep
 from elmo_jax.train.step import init_train_state, make_optimizer
 from elmo_jax.train.stop import StopRequest
 from elmo_jax.train.workdir import (
-    RESUMABLE_FIELDS, TrainingError, check_finite, check_resumable, check_run_inputs, check_writable,
-    checkpoints_after_divergence, hold_workdir, restore_newest, resume_data_position, run_inputs_record,
-    tidy_failed_start, write_checkpoint, write_run_files,
+    RESUMABLE_FIELDS,
+    TrainingError,
+    check_finite,
+    check_resumable,
+    check_run_inputs,
+    check_writable,
+    checkpoints_after_divergence,
+    hold_workdir,
+    restore_newest,
+    resume_data_position,
+    run_inputs_record,
+    tidy_failed_start,
+    write_checkpoint,
+    write_run_files,
 )
 
 # Names other code and earlier versions imported from here.
 _checkpoints_after_divergence = checkpoints_after_divergence
-__all__ = ["train", "evaluate", "TrainingError", "RunData", "prepare_data", "data_dir_for", "default_heldout",
-           "MetricsWriter", "RESUMABLE_FIELDS"]
+__all__ = [
+    "train",
+    "evaluate",
+    "TrainingError",
+    "RunData",
+    "prepare_data",
+    "data_dir_for",
+    "default_heldout",
+    "MetricsWriter",
+    "RESUMABLE_FIELDS",
+]
 
 
-def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
-          log: Callable[[str], None] | None = None) -> dict:
+def train(cfg: TrainConfig, workdir: str, *, progress: bool = True, log: Callable[[str], None] | None = None) -> dict:
     """Train (or resume) in ``workdir``; returns a summary dict (see the end of
     :func:`_train`).  The run holds the workdir's lock throughout (one run per workdir), and
     a start that fails leaves no empty folders behind."""
@@ -84,8 +103,14 @@ def train(cfg: TrainConfig, workdir: str, *, progress: bool = True,
             return _train(cfg, workdir, progress, log, is_main, closing)
 
 
-def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], None] | None, is_main: bool,
-           closing: contextlib.ExitStack) -> dict:
+def _train(
+    cfg: TrainConfig,
+    workdir: str,
+    progress: bool,
+    log: Callable[[str], None] | None,
+    is_main: bool,
+    closing: contextlib.ExitStack,
+) -> dict:
     """The run; ``closing`` stops what it starts (checkpoint writer, data workers) however it ends."""
     # -- build: folder, config, data, step function ----------------------------------------
     if log is None:
@@ -108,8 +133,9 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     # Before the data is prepared, indexed and counted: with the fewest targets the
     # vocabulary can have, the estimate is still a lower bound of the step's.
     fewest = vocab_size_lower_bound(workdir, resuming=latest is not None)
-    check_step_memory(cfg, model_config, fewest, optimizer, fewest > cfg.num_negatives, global_batch // n_devices,
-                      dtype)
+    check_step_memory(
+        cfg, model_config, fewest, optimizer, fewest > cfg.num_negatives, global_batch // n_devices, dtype
+    )
     data = prepare_data(cfg, workdir, log, may_rebuild=latest is None, open_source=make_source)
     vocab = data.vocab
     data_content = data.train.content_id()
@@ -117,8 +143,7 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     selection = make_loss_fn(len(vocab), cfg.num_negatives)
     log(selection.message)
     if len(vocab) != fewest:  # the softmax's share, now known
-        check_step_memory(cfg, model_config, len(vocab), optimizer, selection.sampled, global_batch // n_devices,
-                          dtype)
+        check_step_memory(cfg, model_config, len(vocab), optimizer, selection.sampled, global_batch // n_devices, dtype)
     runner = make_runner(cfg.parallel, step_kwargs(cfg, model_config, selection, optimizer, dtype, log))
     batcher = make_batcher(data, cfg, model_config, local_batch, log)
     closing.callback(getattr(batcher, "close", lambda: None))  # its data workers (a test's stand-in has none)
@@ -129,14 +154,23 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     mesh = global_mesh()  # checkpoints hold global arrays over all devices of the job
 
     # -- restore or initialise -------------------------------------------------------------
-    train_state = jax.tree.map(np.asarray, init_train_state(jax.random.key(cfg.seed), model_config, len(vocab), optimizer))
+    train_state = jax.tree.map(
+        np.asarray, init_train_state(jax.random.key(cfg.seed), model_config, len(vocab), optimizer)
+    )
     lstm_state = jax.tree.map(np.asarray, zero_state(model_config, local_batch))
     start_step = 0
     pretrained_start = latest is None and pretrained is not None
     if latest is not None:
         latest, train_state, lstm_state, meta = restore_newest(
-            ckpts, train_state, lstm_state, global_batch=global_batch, n_devices=n_devices, mesh=mesh, log=log,
-            check_meta=lambda meta, path: check_run_inputs(meta, path, workdir, cfg.to_dict()))
+            ckpts,
+            train_state,
+            lstm_state,
+            global_batch=global_batch,
+            n_devices=n_devices,
+            mesh=mesh,
+            log=log,
+            check_meta=lambda meta, path: check_run_inputs(meta, path, workdir, cfg.to_dict()),
+        )
         resume_data_position(batcher, meta, ckpts.path(latest), data_content)
         start_step = int(meta["step"])
         log(f"resuming from {ckpts.path(latest)} (step {start_step})")
@@ -156,12 +190,23 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
 
     # -- the loop: batch, step, log, eval, save ----------------------------------------------
     base_key = jax.random.key(cfg.seed)
-    checkpoint_meta = {"config": cfg.to_dict(), "vocab_size": len(vocab), "process_count": jax.process_count(),
-                       "device_count": n_devices, "global_batch": global_batch, "local_batch": local_batch,
-                       "heldout": data.heldout_spec, "data_content": data_content,
-                       **run_inputs_record(workdir, cfg)}
-    record_args = dict(tokens_per_step=global_batch * cfg.unroll_steps, steps_per_epoch=steps_per_epoch,
-                       with_perplexity=not selection.sampled, vocab_size=len(vocab))
+    checkpoint_meta = {
+        "config": cfg.to_dict(),
+        "vocab_size": len(vocab),
+        "process_count": jax.process_count(),
+        "device_count": n_devices,
+        "global_batch": global_batch,
+        "local_batch": local_batch,
+        "heldout": data.heldout_spec,
+        "data_content": data_content,
+        **run_inputs_record(workdir, cfg),
+    }
+    record_args = dict(
+        tokens_per_step=global_batch * cfg.unroll_steps,
+        steps_per_epoch=steps_per_epoch,
+        with_perplexity=not selection.sampled,
+        vocab_size=len(vocab),
+    )
     eval_fn = make_eval_fn(model_config, dtype) if data.heldout is not None else None
     eval_args = dict(data=data, model_config=model_config, cfg=cfg, dtype=dtype, eval_fn=eval_fn)
     summary: dict[str, Any] = {"workdir": workdir, "start_step": start_step}
@@ -218,8 +263,13 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     finally:
         bar.close()
         writer.close()
-    summary.update(step=step, interrupted=None, checkpoint=ckpts.path(step), steps_per_epoch=steps_per_epoch,
-                   global_batch=global_batch)
+    summary.update(
+        step=step,
+        interrupted=None,
+        checkpoint=ckpts.path(step),
+        steps_per_epoch=steps_per_epoch,
+        global_batch=global_batch,
+    )
     summary["params"] = runner.get_train_state(d_train)["params"]
     summary["vocab"] = vocab
     summary["model_config"] = model_config
@@ -229,37 +279,69 @@ def _train(cfg: TrainConfig, workdir: str, progress: bool, log: Callable[[str], 
     return summary
 
 
-def step_kwargs(cfg: TrainConfig, model_config: ElmoConfig, selection, optimizer, dtype,
-                log: Callable[[str], None] = lambda msg: None) -> dict:
+def step_kwargs(
+    cfg: TrainConfig,
+    model_config: ElmoConfig,
+    selection,
+    optimizer,
+    dtype,
+    log: Callable[[str], None] = lambda msg: None,
+) -> dict:
     """The keyword arguments of :func:`elmo_jax.train.step.train_step` for this run."""
     sparse = cfg.softmax_update == "sparse" and selection.sampled
     if sparse:
         log("softmax_update sparse: the softmax's gradient and Adagrad update on the rows each step touches")
-    return dict(config=model_config, optimizer=optimizer, loss_fn=selection.fn, dropout_rate=cfg.dropout,
-                dtype=dtype, remat_steps=cfg.remat_steps, sparse_negatives=cfg.num_negatives if sparse else 0)
+    return dict(
+        config=model_config,
+        optimizer=optimizer,
+        loss_fn=selection.fn,
+        dropout_rate=cfg.dropout,
+        dtype=dtype,
+        remat_steps=cfg.remat_steps,
+        sparse_negatives=cfg.num_negatives if sparse else 0,
+    )
 
 
-def check_step_memory(cfg: TrainConfig, model_config: ElmoConfig, vocab_size: int, optimizer, sampled: bool,
-                      rows_per_device: int, dtype) -> None:
+def check_step_memory(
+    cfg: TrainConfig, model_config: ElmoConfig, vocab_size: int, optimizer, sampled: bool, rows_per_device: int, dtype
+) -> None:
     """Refuse a step that cannot fit in the devices' memory, before anything is allocated
     (:mod:`elmo_jax.train.memory`)."""
     shapes = jax.eval_shape(lambda: init_train_state(jax.random.key(cfg.seed), model_config, vocab_size, optimizer))
-    estimate = memory.step_memory(shapes, model_config, rows_per_device, cfg.unroll_steps,
-                                  cfg.num_negatives + 1 if sampled else vocab_size,
-                                  itemsize=np.dtype(dtype).itemsize, remat=bool(cfg.remat_steps))
+    estimate = memory.step_memory(
+        shapes,
+        model_config,
+        rows_per_device,
+        cfg.unroll_steps,
+        cfg.num_negatives + 1 if sampled else vocab_size,
+        itemsize=np.dtype(dtype).itemsize,
+        remat=bool(cfg.remat_steps),
+    )
     memory.check_fits(estimate, rows_per_device=rows_per_device, unroll_steps=cfg.unroll_steps)
 
 
-def make_batcher(data: RunData, cfg: TrainConfig, model_config: ElmoConfig, local_batch: int,
-                 log: Callable[[str], None] | None = None):
+def make_batcher(
+    data: RunData,
+    cfg: TrainConfig,
+    model_config: ElmoConfig,
+    local_batch: int,
+    log: Callable[[str], None] | None = None,
+):
     """The training batches of this process: ``[B_local, T]`` windows of its sentences
     (``i % P == p``), shuffled by ``cfg.seed``, with a position that checkpoints record
     (``get_state`` / ``set_state``).  The one place the loop's batcher is made; ``log`` gets
     the line saying a dead data worker was replaced."""
     return LMBatcher(
-        data.train, data.vocab, local_batch, cfg.unroll_steps, model_config.char_cnn.max_characters_per_token,
-        seed=cfg.seed, process_index=jax.process_index(), process_count=jax.process_count(),
-        workers=cfg.data_workers, log=log,
+        data.train,
+        data.vocab,
+        local_batch,
+        cfg.unroll_steps,
+        model_config.char_cnn.max_characters_per_token,
+        seed=cfg.seed,
+        process_index=jax.process_index(),
+        process_count=jax.process_count(),
+        workers=cfg.data_workers,
+        log=log,
     )
 
 
@@ -267,29 +349,66 @@ def train_step(runner, d_train, d_lstm, batch: dict, base_key: jax.Array, step: 
     """One update from ``step``: the batch's rows to the devices, the step's dropout keys
     (from ``base_key`` and ``step``, so a resumed run draws the same ones)."""
     step_key = jax.random.fold_in(base_key, step)
-    return runner.step(d_train, d_lstm, runner.put_rows(batch, axis=0), jax.random.fold_in(step_key, 0),
-                       runner.dropout_rngs(jax.random.fold_in(step_key, 1)))
+    return runner.step(
+        d_train,
+        d_lstm,
+        runner.put_rows(batch, axis=0),
+        jax.random.fold_in(step_key, 0),
+        runner.dropout_rngs(jax.random.fold_in(step_key, 1)),
+    )
 
 
-def log_train(step: int, window: TrainWindow, runner, ckpts: Checkpoints, writer: MetricsWriter, bar, *,
-              tokens_per_step: int, steps_per_epoch: int, with_perplexity: bool, vocab_size: int) -> dict | None:
+def log_train(
+    step: int,
+    window: TrainWindow,
+    runner,
+    ckpts: Checkpoints,
+    writer: MetricsWriter,
+    bar,
+    *,
+    tokens_per_step: int,
+    steps_per_epoch: int,
+    with_perplexity: bool,
+    vocab_size: int,
+) -> dict | None:
     """One train record for the steps since the last one (means over those steps)."""
     check_finite(window.fetch(runner.metrics), ckpts, vocab_size)
-    record = window.record(step, tokens_per_step=tokens_per_step, steps_per_epoch=steps_per_epoch,
-                           with_perplexity=with_perplexity)
+    record = window.record(
+        step, tokens_per_step=tokens_per_step, steps_per_epoch=steps_per_epoch, with_perplexity=with_perplexity
+    )
     if record is not None:
         writer.write(step, "train", record)
         bar.set_postfix(progress_postfix(record))
     return record
 
 
-def run_eval(step: int, runner, d_train, writer: MetricsWriter, stop: StopRequest, log: Callable[[str], None], *,
-             data: RunData, model_config: ElmoConfig, cfg: TrainConfig, dtype, eval_fn) -> dict | None:
+def run_eval(
+    step: int,
+    runner,
+    d_train,
+    writer: MetricsWriter,
+    stop: StopRequest,
+    log: Callable[[str], None],
+    *,
+    data: RunData,
+    model_config: ElmoConfig,
+    cfg: TrainConfig,
+    dtype,
+    eval_fn,
+) -> dict | None:
     """Held-out perplexity at ``step``; None if a stop signal cut it short."""
     params = runner.get_train_state(d_train)["params"]
-    result = evaluate(params, model_config, data.heldout, data.vocab, unroll_steps=cfg.unroll_steps,
-                      dtype=dtype, eval_fn=eval_fn, max_batches=cfg.eval_max_batches,
-                      should_stop=lambda: stop.signal is not None)
+    result = evaluate(
+        params,
+        model_config,
+        data.heldout,
+        data.vocab,
+        unroll_steps=cfg.unroll_steps,
+        dtype=dtype,
+        eval_fn=eval_fn,
+        max_batches=cfg.eval_max_batches,
+        should_stop=lambda: stop.signal is not None,
+    )
     if result is None:
         log(f"\n{stop.signal}: the evaluation at step {step} was abandoned")
         return None
@@ -298,13 +417,15 @@ def run_eval(step: int, runner, d_train, writer: MetricsWriter, stop: StopReques
     return result
 
 
-def save(step: int, runner, d_train, d_lstm, batcher, window: TrainWindow, ckpts: Checkpoints, mesh,
-         meta: dict) -> None:
+def save(
+    step: int, runner, d_train, d_lstm, batcher, window: TrainWindow, ckpts: Checkpoints, mesh, meta: dict
+) -> None:
     """Checkpoint ``step`` (all processes), never with diverged parameters: the pending
     metrics are checked first (they stay in ``window`` for the next train record)."""
     check_finite(window.fetch(runner.metrics), ckpts, meta["vocab_size"])
-    write_checkpoint(ckpts, step, runner.get_train_state(d_train), runner.get_rows(d_lstm, axis=2),
-                     batcher.get_state(), mesh, meta)
+    write_checkpoint(
+        ckpts, step, runner.get_train_state(d_train), runner.get_rows(d_lstm, axis=2), batcher.get_state(), mesh, meta
+    )
 
 
 def should_stop(stop: StopRequest, step: int, log_every: int) -> bool:

@@ -99,9 +99,7 @@ def _flatten(h: jax.Array, targets: jax.Array, num_true: int = 1):
 def _logits(h: jax.Array, w: jax.Array, b: jax.Array) -> jax.Array:
     """``h @ w.T + b`` in float32 (bf16 inputs are multiplied with f32 accumulation)."""
     dtype = jnp.promote_types(h.dtype, w.dtype)
-    z = jnp.einsum(
-        "np,vp->nv", h.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32
-    )
+    z = jnp.einsum("np,vp->nv", h.astype(dtype), w.astype(dtype), preferred_element_type=jnp.float32)
     return z + b.astype(jnp.float32)
 
 
@@ -332,9 +330,7 @@ def make_loss_fn(
 
     def fn(softmax_params, h, targets, key):
         ids = sample_log_uniform(key, num_negatives, vocab_size)
-        return sampled_softmax_loss(
-            softmax_params, h, targets, ids, vocab_size=vocab_size
-        )
+        return sampled_softmax_loss(softmax_params, h, targets, ids, vocab_size=vocab_size)
 
     log.info(message)
     return LossSelection(fn, True, message)

@@ -35,7 +35,7 @@ import numpy as np
 from elmo_jax.config import ElmoConfig
 from elmo_jax.errors import ElmoError
 
-GiB = 2 ** 30
+GiB = 2**30
 
 
 class MemoryEstimateError(ElmoError):
@@ -60,8 +60,9 @@ def _nbytes(tree) -> int:
     return int(sum(np.prod(x.shape, dtype=np.int64) * np.dtype(x.dtype).itemsize for x in jax.tree.leaves(tree)))
 
 
-def activation_bytes(config: ElmoConfig, rows: int, unroll_steps: int, softmax_width: int, *,
-                     itemsize: int = 4, remat: bool = False) -> int:
+def activation_bytes(
+    config: ElmoConfig, rows: int, unroll_steps: int, softmax_width: int, *, itemsize: int = 4, remat: bool = False
+) -> int:
     """What the backward pass keeps for ``rows x unroll_steps`` tokens (see the module
     docstring); ``softmax_width``: logits per token (``S + 1`` sampled, ``V`` full)."""
     cnn = config.char_cnn
@@ -76,13 +77,26 @@ def activation_bytes(config: ElmoConfig, rows: int, unroll_steps: int, softmax_w
     return int(rows) * int(unroll_steps) * per_token * itemsize
 
 
-def step_memory(train_state_shapes, config: ElmoConfig, rows_per_device: int, unroll_steps: int,
-                softmax_width: int, *, itemsize: int = 4, remat: bool = False) -> StepMemory:
+def step_memory(
+    train_state_shapes,
+    config: ElmoConfig,
+    rows_per_device: int,
+    unroll_steps: int,
+    softmax_width: int,
+    *,
+    itemsize: int = 4,
+    remat: bool = False,
+) -> StepMemory:
     """``train_state_shapes``: ``jax.eval_shape`` of the train state (``{"params", "opt_state", ...}``)."""
     params = _nbytes(train_state_shapes["params"])
-    return StepMemory(params=params, optimizer=_nbytes(train_state_shapes["opt_state"]), gradients=params,
-                      activations=activation_bytes(config, rows_per_device, unroll_steps, softmax_width,
-                                                   itemsize=itemsize, remat=remat))
+    return StepMemory(
+        params=params,
+        optimizer=_nbytes(train_state_shapes["opt_state"]),
+        gradients=params,
+        activations=activation_bytes(
+            config, rows_per_device, unroll_steps, softmax_width, itemsize=itemsize, remat=remat
+        ),
+    )
 
 
 def available_bytes() -> tuple[int, str] | None:
@@ -107,8 +121,9 @@ def available_bytes() -> tuple[int, str] | None:
         return None
 
 
-def check_fits(estimate: StepMemory, *, rows_per_device: int, unroll_steps: int,
-               limit: tuple[int, str] | None = None) -> None:
+def check_fits(
+    estimate: StepMemory, *, rows_per_device: int, unroll_steps: int, limit: tuple[int, str] | None = None
+) -> None:
     """Refuse a step whose estimate exceeds the limit (default :func:`available_bytes`); on
     CPU all local devices share the host's RAM, so their estimates add up."""
     limit = available_bytes() if limit is None else limit
@@ -124,4 +139,5 @@ def check_fits(estimate: StepMemory, *, rows_per_device: int, unroll_steps: int,
         f"optimizer state {estimate.optimizer / GiB:.2f}, gradients {estimate.gradients / GiB:.2f}, activations "
         f"{estimate.activations / GiB:.2f} GiB for {rows_per_device} rows x {unroll_steps} tokens per device) "
         f"but {limit[1]} is {limit[0] / GiB:.1f} GiB; lower batch_size, unroll_steps or the model's size "
-        f"(model_overrides), or set remat_steps")
+        f"(model_overrides), or set remat_steps"
+    )

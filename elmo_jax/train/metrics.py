@@ -37,8 +37,9 @@ class MetricsWriter:
             self._jsonl = open(path, "a", encoding="utf-8")
             from tensorboardX import SummaryWriter
 
-            self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"),
-                                     purge_step=start_step + 1 if earlier else None)
+            self._tb = SummaryWriter(
+                os.path.join(workdir, "tensorboard"), purge_step=start_step + 1 if earlier else None
+            )
 
     def write(self, step: int, kind: str, values: dict) -> None:
         if not self.enabled or (step, kind) in self._written:  # e.g. a finished run started again
@@ -120,8 +121,12 @@ class TrainWindow:
             return None
         fwd = sum(m["fwd_loss_sum"] for _, m in fetched) / max(sum(m["fwd_count"] for _, m in fetched), 1)
         bwd = sum(m["bwd_loss_sum"] for _, m in fetched) / max(sum(m["bwd_count"] for _, m in fetched), 1)
-        m = {"loss": float(np.mean([m["loss"] for _, m in fetched])), "fwd_loss": float(fwd),
-             "bwd_loss": float(bwd), "grad_norm": float(fetched[-1][1]["grad_norm"])}
+        m = {
+            "loss": float(np.mean([m["loss"] for _, m in fetched])),
+            "fwd_loss": float(fwd),
+            "bwd_loss": float(bwd),
+            "grad_norm": float(fetched[-1][1]["grad_norm"]),
+        }
         elapsed = time.perf_counter() - self.start_time
         m["tokens_per_sec"] = tokens_per_step * (step - self.start_step) / max(elapsed, 1e-9)
         m["data_wait"] = min(1.0, self.data_s / max(elapsed, 1e-9))  # fraction of the time
@@ -167,8 +172,11 @@ def progress_postfix(record: dict) -> dict:
     """What the progress bar shows of a train record."""
     from elmo_jax.rates import rate_text
 
-    postfix = {"epoch": f"{record['epoch']:.2f}", "tok/s": rate_text(record["tokens_per_sec"], 1.0),
-               "loss": f"{record['loss']:.3f}"}
+    postfix = {
+        "epoch": f"{record['epoch']:.2f}",
+        "tok/s": rate_text(record["tokens_per_sec"], 1.0),
+        "loss": f"{record['loss']:.3f}",
+    }
     if "perplexity" in record:
         postfix["ppl"] = f"{record['perplexity']:.1f}"
     return postfix
@@ -176,5 +184,7 @@ def progress_postfix(record: dict) -> dict:
 
 def eval_message(step: int, result: dict) -> str:
     """The log line of an evaluation."""
-    return (f"eval @ step {step}: perplexity {result['perplexity']:.2f} (forward {result['fwd_perplexity']:.2f}, "
-            f"backward {result['bwd_perplexity']:.2f}) on {result['tokens']} held-out tokens")
+    return (
+        f"eval @ step {step}: perplexity {result['perplexity']:.2f} (forward {result['fwd_perplexity']:.2f}, "
+        f"backward {result['bwd_perplexity']:.2f}) on {result['tokens']} held-out tokens"
+    )

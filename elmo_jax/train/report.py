@@ -28,9 +28,17 @@ def probe_sizes(rows_trained: int) -> dict:
     return {"max_sentences": min(PROBE_TEST_SENTENCES, n), "max_probe_train": min(PROBE_TRAIN_SENTENCES, n)}
 
 
-def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, eval_result: dict | None,
-                     max_sentences: int = PROBE_TEST_SENTENCES, max_probe_train: int = PROBE_TRAIN_SENTENCES, *,
-                     vocab: Sequence[str] | None = None, progress: bool | None = None) -> str:
+def synthetic_report(
+    corpus_dir: str,
+    params: dict,
+    model_config: ElmoConfig,
+    eval_result: dict | None,
+    max_sentences: int = PROBE_TEST_SENTENCES,
+    max_probe_train: int = PROBE_TRAIN_SENTENCES,
+    *,
+    vocab: Sequence[str] | None = None,
+    progress: bool | None = None,
+) -> str:
     """A printable report; ``params`` are the biLM's (no softmax).
 
     ``vocab``: the model's softmax vocabulary.  When it is not the training text's (a
@@ -56,8 +64,10 @@ def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, ev
         stats = json.load(f)
     lines = ["", "held-out perplexity (lower is better):"]
     if eval_result is not None:
-        lines.append(f"  this model            {eval_result['perplexity']:8.2f}  "
-                     f"(forward {eval_result['fwd_perplexity']:.2f}, backward {eval_result['bwd_perplexity']:.2f})")
+        lines.append(
+            f"  this model            {eval_result['perplexity']:8.2f}  "
+            f"(forward {eval_result['fwd_perplexity']:.2f}, backward {eval_result['bwd_perplexity']:.2f})"
+        )
     all_heldout, heldout_labels = load_corpus(corpus_dir, "heldout")
     train, train_labels = load_corpus(corpus_dir, "train")
     seen = {w for s in train for w in s}
@@ -84,11 +94,19 @@ def synthetic_report(corpus_dir: str, params: dict, model_config: ElmoConfig, ev
     labels = heldout_labels + [train_labels[i] for i in pick]
     vectors = Elmo(model_config, params).embed(sentences, progress=progress)
     unseen = [w not in seen for s in sentences for w in s]
-    rows = probe_table(vectors, labels, sentences=sentences,
-                       is_test=[True] * len(heldout) + [False] * len(pick),
-                       token_subsets={"unseen": unseen})
-    lines += ["", f"probes fitted on {len(pick)} training sentences with a polysemous word, "
-              f"tested on {len(heldout)} held-out sentences:", format_probe_table(rows)]
+    rows = probe_table(
+        vectors,
+        labels,
+        sentences=sentences,
+        is_test=[True] * len(heldout) + [False] * len(pick),
+        token_subsets={"unseen": unseen},
+    )
+    lines += [
+        "",
+        f"probes fitted on {len(pick)} training sentences with a polysemous word, "
+        f"tested on {len(heldout)} held-out sentences:",
+        format_probe_table(rows),
+    ]
     return "\n".join(lines)
 
 

@@ -54,8 +54,13 @@ PREPARE_ACK_TIMEOUT_S = 30.0
 PREPARE_ACK_GRACE_S = 2.0
 
 
-def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], may_rebuild: bool = True,
-                 open_source: Callable[..., Any] = make_source) -> RunData:
+def prepare_data(
+    cfg: TrainConfig,
+    workdir: str,
+    log: Callable[[str], None],
+    may_rebuild: bool = True,
+    open_source: Callable[..., Any] = make_source,
+) -> RunData:
     """Sources and vocabulary; the corpus and the vocabulary are made once (process 0).
 
     A corpus or vocabulary this package wrote for other settings or other sentences (an
@@ -99,16 +104,19 @@ def prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], may
     return _prepare_data(cfg, workdir, log, may_rebuild, open_source)
 
 
-def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], may_rebuild: bool,
-                  open_source: Callable[..., Any]) -> RunData:
+def _prepare_data(
+    cfg: TrainConfig, workdir: str, log: Callable[[str], None], may_rebuild: bool, open_source: Callable[..., Any]
+) -> RunData:
     process_index = jax.process_index()
     corpus_dir = None
     if cfg.data == "synthetic":
         from elmo_jax.data import synthetic, synthetic_corpus
 
         if cfg.heldout is not None:
-            message = ("data='synthetic' evaluates on the corpus's own held-out sentences (their optimum is "
-                       "known); heldout cannot be set with it: train on a text file to use your own")
+            message = (
+                "data='synthetic' evaluates on the corpus's own held-out sentences (their optimum is "
+                "known); heldout cannot be set with it: train on a text file to use your own"
+            )
             if may_rebuild:  # a new run; an earlier version's run that set it resumes as before
                 raise TrainingError(message)
             log(f"heldout {cfg.heldout!r} is ignored: {message}")
@@ -137,12 +145,22 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
         if heldout_spec is None:
             heldout_spec = default_heldout(cfg.data)
     # Local text is prepared in data_workers processes (0: in this one).
-    train = open_source(train_spec, "train", data_dir_for(train_spec, cfg.data_dir, workdir),
-                        process_index=process_index, workers=cfg.data_workers)
+    train = open_source(
+        train_spec,
+        "train",
+        data_dir_for(train_spec, cfg.data_dir, workdir),
+        process_index=process_index,
+        workers=cfg.data_workers,
+    )
     heldout = None
     if heldout_spec:
-        heldout = open_source(heldout_spec, "test", data_dir_for(heldout_spec, cfg.data_dir, workdir),
-                              process_index=process_index, workers=cfg.data_workers)
+        heldout = open_source(
+            heldout_spec,
+            "test",
+            data_dir_for(heldout_spec, cfg.data_dir, workdir),
+            process_index=process_index,
+            workers=cfg.data_workers,
+        )
     else:
         log("no held-out set: no evaluation (set --config.heldout to a text file to evaluate)")
     # The batches are read from token indexes of the sources (one pass each, data_workers
@@ -150,16 +168,20 @@ def _prepare_data(cfg: TrainConfig, workdir: str, log: Callable[[str], None], ma
     index_dir = os.path.join(workdir, "token_index")
     train = open_or_build(train, os.path.join(index_dir, "train"), cfg.data_workers, log, may_build=process_index == 0)
     if heldout is not None:
-        heldout = open_or_build(heldout, os.path.join(index_dir, "heldout"), cfg.data_workers, log,
-                                may_build=process_index == 0)
+        heldout = open_or_build(
+            heldout, os.path.join(index_dir, "heldout"), cfg.data_workers, log, may_build=process_index == 0
+        )
     vocab_path = os.path.join(workdir, "vocab.txt")
     source_path = os.path.join(workdir, VOCAB_SOURCE_FILE)
     wanted = _vocab_source(cfg, train)
     if process_index == 0 and os.path.exists(vocab_path):
         built = _read_vocab_source(source_path, vocab_path)
         if built is None and may_rebuild:  # resuming, it is the run's own: its checkpoint's record checks it
-            why = ("it was changed after this package built it: its SHA-256 differs from the one in "
-                   f"{VOCAB_SOURCE_FILE}" if os.path.exists(source_path) else "it was not built by this package")
+            why = (
+                f"it was changed after this package built it: its SHA-256 differs from the one in {VOCAB_SOURCE_FILE}"
+                if os.path.exists(source_path)
+                else "it was not built by this package"
+            )
             log(f"using the vocabulary in {vocab_path} as given ({why})")
         elif built != wanted and may_rebuild:  # with a checkpoint, train() names what changed
             _stale(f"{vocab_path} was built for {built}, this run asks for {wanted}", may_rebuild, log)
@@ -209,7 +231,7 @@ def default_heldout(data: str) -> str | None:
         return "lm1b"
     if data.startswith("lm1b-extracted:"):
         try:
-            return lm1b_extracted_files(data[len("lm1b-extracted:"):], "heldout0")
+            return lm1b_extracted_files(data[len("lm1b-extracted:") :], "heldout0")
         except FileNotFoundError:  # only the training files were extracted
             return None
     return None
@@ -222,8 +244,12 @@ SHA-256, so that a leftover from other settings is rebuilt and a user's own file
 
 def _vocab_source(cfg: TrainConfig, train) -> dict:
     """What determines the built vocabulary: the training sentences and the two sizes."""
-    return {"data": cfg.data, "content": train.content_id(), "vocab_size": cfg.vocab_size,
-            "vocab_min_count": cfg.vocab_min_count}
+    return {
+        "data": cfg.data,
+        "content": train.content_id(),
+        "vocab_size": cfg.vocab_size,
+        "vocab_min_count": cfg.vocab_min_count,
+    }
 
 
 def _read_vocab_source(source_path: str, vocab_path: str) -> dict | None:
@@ -235,16 +261,19 @@ def _read_vocab_source(source_path: str, vocab_path: str) -> dict | None:
             source = json.load(f)
         built_for, sha = source["built_for"], source.get("sha256")
     except (OSError, ValueError, KeyError, TypeError) as e:
-        raise TrainingError(f"{source_path} is unreadable ({e}): delete it to use {vocab_path} as given, "
-                            f"or delete both to rebuild the vocabulary") from None
+        raise TrainingError(
+            f"{source_path} is unreadable ({e}): delete it to use {vocab_path} as given, "
+            f"or delete both to rebuild the vocabulary"
+        ) from None
     return built_for if sha == file_sha256(vocab_path) else None
 
 
 def _stale(what: str, may_rebuild: bool, log: Callable[[str], None]) -> None:
     """A derived file made for other settings: rebuilt when no checkpoint needs it."""
     if not may_rebuild:
-        raise TrainingError(f"{what}, and a checkpoint of this workdir was trained with it; "
-                            f"use the run's settings or another --workdir")
+        raise TrainingError(
+            f"{what}, and a checkpoint of this workdir was trained with it; use the run's settings or another --workdir"
+        )
     log(f"rebuilding: {what} (an earlier start that wrote no checkpoint)")
 
 

@@ -29,8 +29,9 @@ import optax
 from elmo_jax.train.losses import sample_log_uniform, sampled_softmax_loss
 
 
-def touched_rows(sample_rng: jax.Array, batch: dict, num_negatives: int, vocab_size: int,
-                 axis_name: str | None = None) -> jax.Array:
+def touched_rows(
+    sample_rng: jax.Array, batch: dict, num_negatives: int, vocab_size: int, axis_name: str | None = None
+) -> jax.Array:
     """Sorted unique ids ``[R]`` of the rows a step reads: both directions' negatives (drawn
     from ``sample_rng`` exactly as the step's loss draws them) and every target of the global
     batch; the unused slots hold ``vocab_size``."""
@@ -51,7 +52,11 @@ def rows_loss_fn(rows_R: jax.Array, num_negatives: int, vocab_size: int):
     def fn(table, h, targets, key):
         ids_S = sample_log_uniform(key, num_negatives, vocab_size)
         return sampled_softmax_loss(
-            table, h, targets, ids_S, vocab_size=vocab_size,
+            table,
+            h,
+            targets,
+            ids_S,
+            vocab_size=vocab_size,
             target_rows=jnp.searchsorted(rows_R, targets.astype(jnp.int32)),
             sampled_rows=jnp.searchsorted(rows_R, ids_S),
         )
@@ -75,6 +80,8 @@ def softmax_accumulators(opt_state, fn):
 
     found = [s for s in jax.tree.leaves(opt_state, is_leaf=is_rss) if is_rss(s)]
     if not found:
-        raise ValueError("the sparse softmax update needs Adagrad's optimizer state (optax.ScaleByRssState); "
-                         "use softmax_update='dense' with other optimizers")
+        raise ValueError(
+            "the sparse softmax update needs Adagrad's optimizer state (optax.ScaleByRssState); "
+            "use softmax_update='dense' with other optimizers"
+        )
     return jax.tree.map(visit, opt_state, is_leaf=is_rss)

@@ -39,8 +39,9 @@ from elmo_jax.train.sparse_softmax import is_rss, rows_loss_fn, softmax_accumula
 LossFn = Callable[..., jax.Array]
 
 
-def make_optimizer(name: str, learning_rate: float, initial_accumulator: float, clip_norm: float
-                   ) -> optax.GradientTransformation:
+def make_optimizer(
+    name: str, learning_rate: float, initial_accumulator: float, clip_norm: float
+) -> optax.GradientTransformation:
     """Global-norm clipping, then Adagrad (the original recipe, no schedule) or Adam."""
     if name == "adagrad":
         update = optax.adagrad(learning_rate, initial_accumulator_value=initial_accumulator, eps=1e-7)
@@ -65,8 +66,9 @@ def _psum(x, axis_name):
     return x if axis_name is None else jax.lax.psum(x, axis_name)
 
 
-def _position_losses(loss_fn: LossFn, softmax: dict, h_BTP: jax.Array, targets_BT: jax.Array, key: jax.Array,
-                     remat_steps: int) -> jax.Array:
+def _position_losses(
+    loss_fn: LossFn, softmax: dict, h_BTP: jax.Array, targets_BT: jax.Array, key: jax.Array, remat_steps: int
+) -> jax.Array:
     """``loss_fn`` per position ``[B, T]``; with ``0 < remat_steps < T`` in chunks of that many
     steps, each recomputed in the backward pass, so that the ``[B * T, negatives]`` logits
     exist for one chunk at a time.  Every chunk gets the same key, hence the same negatives:
@@ -123,8 +125,15 @@ def lm_losses(
     k_lstm, k_top = jax.random.split(dropout_rng) if dropout_rate > 0.0 else (None, None)
     k_fwd, k_bwd = jax.random.split(sample_rng if sample_rng is not None else jax.random.key(0))
     outputs, new_state = lstm_stack(
-        params["bilm"]["lstm"], config, x_RBTP, real_RBT, lstm_state,
-        dropout_rate=dropout_rate, rng=k_lstm, dtype=dtype, remat_steps=remat_steps,
+        params["bilm"]["lstm"],
+        config,
+        x_RBTP,
+        real_RBT,
+        lstm_state,
+        dropout_rate=dropout_rate,
+        rng=k_lstm,
+        dtype=dtype,
+        remat_steps=remat_steps,
     )
     top_RBTP = outputs[-1]
     if dropout_rate > 0.0:
@@ -169,16 +178,34 @@ def train_step(
     :mod:`elmo_jax.train.sparse_softmax`."""
     if sparse_negatives > 0:
         return sparse_train_step(
-            train_state, lstm_state, batch, sample_rng, dropout_rng, config=config, optimizer=optimizer,
-            num_negatives=sparse_negatives, dropout_rate=dropout_rate, dtype=dtype, axis_name=axis_name,
+            train_state,
+            lstm_state,
+            batch,
+            sample_rng,
+            dropout_rng,
+            config=config,
+            optimizer=optimizer,
+            num_negatives=sparse_negatives,
+            dropout_rate=dropout_rate,
+            dtype=dtype,
+            axis_name=axis_name,
             remat_steps=remat_steps,
         )
     params = train_state["params"]
 
     def objective(p):
         return lm_losses(
-            p, config, batch, lstm_state, loss_fn, sample_rng=sample_rng, dropout_rng=dropout_rng,
-            dropout_rate=dropout_rate, dtype=dtype, axis_name=axis_name, remat_steps=remat_steps,
+            p,
+            config,
+            batch,
+            lstm_state,
+            loss_fn,
+            sample_rng=sample_rng,
+            dropout_rng=dropout_rng,
+            dropout_rate=dropout_rate,
+            dtype=dtype,
+            axis_name=axis_name,
+            remat_steps=remat_steps,
         )
 
     (loss, (new_lstm_state, metrics)), grads = jax.value_and_grad(objective, has_aux=True)(params)
@@ -195,10 +222,21 @@ def train_step(
     return new_state, new_lstm_state, metrics
 
 
-def sparse_train_step(train_state: dict, lstm_state: dict, batch: dict, sample_rng: jax.Array,
-                      dropout_rng: jax.Array, *, config, optimizer: optax.GradientTransformation,
-                      num_negatives: int, dropout_rate: float, dtype=jnp.float32, axis_name: str | None = None,
-                      remat_steps: int = 0) -> tuple[dict, dict, dict]:
+def sparse_train_step(
+    train_state: dict,
+    lstm_state: dict,
+    batch: dict,
+    sample_rng: jax.Array,
+    dropout_rng: jax.Array,
+    *,
+    config,
+    optimizer: optax.GradientTransformation,
+    num_negatives: int,
+    dropout_rate: float,
+    dtype=jnp.float32,
+    axis_name: str | None = None,
+    remat_steps: int = 0,
+) -> tuple[dict, dict, dict]:
     """:func:`train_step` for the sampled softmax with Adagrad, the softmax updated on its
     touched rows only (see :mod:`elmo_jax.train.sparse_softmax`)."""
     params = train_state["params"]
@@ -217,8 +255,17 @@ def sparse_train_step(train_state: dict, lstm_state: dict, batch: dict, sample_r
 
     def objective(p):
         return lm_losses(
-            p, config, batch, lstm_state, loss_fn, sample_rng=sample_rng, dropout_rng=dropout_rng,
-            dropout_rate=dropout_rate, dtype=dtype, axis_name=axis_name, remat_steps=remat_steps,
+            p,
+            config,
+            batch,
+            lstm_state,
+            loss_fn,
+            sample_rng=sample_rng,
+            dropout_rng=dropout_rng,
+            dropout_rate=dropout_rate,
+            dtype=dtype,
+            axis_name=axis_name,
+            remat_steps=remat_steps,
         )
 
     (loss, (new_lstm_state, metrics)), grads = jax.value_and_grad(objective, has_aux=True)(table)
@@ -245,8 +292,16 @@ def sparse_train_step(train_state: dict, lstm_state: dict, batch: dict, sample_r
     return new_state, new_lstm_state, metrics
 
 
-def eval_step(params: dict, lstm_state: dict, batch: dict, *, config: ElmoConfig, dtype=jnp.float32,
-              chunk_size: int | None = None, axis_name: str | None = None) -> tuple[dict, dict]:
+def eval_step(
+    params: dict,
+    lstm_state: dict,
+    batch: dict,
+    *,
+    config: ElmoConfig,
+    dtype=jnp.float32,
+    chunk_size: int | None = None,
+    axis_name: str | None = None,
+) -> tuple[dict, dict]:
     """Full-softmax loss sums and counts per direction, no dropout, state carried."""
 
     def full(softmax, h, targets, key):

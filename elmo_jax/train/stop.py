@@ -181,6 +181,7 @@ def stop_cleanly(message: Callable[[str], str], *, at_once: bool = False) -> Non
     if getattr(signal.getsignal(signal.SIGINT), "stops_cleanly", False):
         return
     if at_once:
+
         def handler(signum, frame):
             exit_now(EXIT_STOPPED[signum], message(signal.Signals(signum).name))
 

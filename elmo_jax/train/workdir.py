@@ -52,8 +52,19 @@ from elmo_jax.train.parallel import local_replica, local_rows, rows_sharding, to
 # count replaced by batch_size): the global batch they give is checked against the
 # checkpoint's instead (check_topology).
 RESUMABLE_FIELDS = {
-    "epochs", "max_steps", "checkpoint_every", "keep_checkpoints", "eval_every", "eval_max_batches", "log_every",
-    "parallel", "data_dir", "remat_steps", "batch_size", "batch_size_per_device", "data_workers",
+    "epochs",
+    "max_steps",
+    "checkpoint_every",
+    "keep_checkpoints",
+    "eval_every",
+    "eval_max_batches",
+    "log_every",
+    "parallel",
+    "data_dir",
+    "remat_steps",
+    "batch_size",
+    "batch_size_per_device",
+    "data_workers",
 }
 
 
@@ -74,8 +85,10 @@ def check_writable(workdir: str) -> None:
     if loop is not None:
         raise TrainingError(f"workdir {loop}; or choose another --workdir")
     if os.path.islink(workdir) and not os.path.exists(workdir):  # else makedirs says only "File exists"
-        raise TrainingError(f"workdir {workdir} is a symbolic link to {os.readlink(workdir)}, which does not exist; "
-                            f"create that folder, remove the link, or choose another --workdir")
+        raise TrainingError(
+            f"workdir {workdir} is a symbolic link to {os.readlink(workdir)}, which does not exist; "
+            f"create that folder, remove the link, or choose another --workdir"
+        )
     if os.path.exists(workdir) and not os.path.isdir(workdir):
         raise TrainingError(f"workdir {workdir} is a file, not a folder; choose another --workdir")
     try:
@@ -186,8 +199,11 @@ def config_differences(saved: dict, current: dict) -> list[str]:
         if k in RESUMABLE_FIELDS or a == b:
             continue
         if isinstance(a, dict) and isinstance(b, dict):
-            out += [f"{k}.{sub}: checkpoint has {a.get(sub)!r}, this run has {b.get(sub)!r}"
-                    for sub in sorted(set(a) | set(b)) if a.get(sub) != b.get(sub)]
+            out += [
+                f"{k}.{sub}: checkpoint has {a.get(sub)!r}, this run has {b.get(sub)!r}"
+                for sub in sorted(set(a) | set(b))
+                if a.get(sub) != b.get(sub)
+            ]
         else:
             out.append(f"{k}: checkpoint has {a!r}, this run has {b!r}")
     return out
@@ -203,8 +219,10 @@ def config_digest(config: dict) -> str:
 def run_inputs_record(workdir: str, cfg: TrainConfig) -> dict:
     """What a checkpoint records of the files it was trained with: the vocabulary's SHA-256
     and the config's (:func:`config_digest`); :func:`check_run_inputs` checks them on resume."""
-    return {"vocab_sha256": file_sha256(os.path.join(workdir, "vocab.txt")),
-            "config_sha256": config_digest(cfg.to_dict())}
+    return {
+        "vocab_sha256": file_sha256(os.path.join(workdir, "vocab.txt")),
+        "config_sha256": config_digest(cfg.to_dict()),
+    }
 
 
 def check_run_inputs(meta: dict, path: str, workdir: str, config: dict) -> None:
@@ -219,12 +237,14 @@ def check_run_inputs(meta: dict, path: str, workdir: str, config: dict) -> None:
         if layout is not None:
             raise TrainingError(
                 f"{vocab_path} differs from the vocabulary {path} was trained with only in {layout[0]} (the words "
-                f"and their order are the same): {layout[1]}, and run the same command again")
+                f"and their order are the same): {layout[1]}, and run the same command again"
+            )
         raise TrainingError(
             f"{vocab_path} is not the vocabulary {path} was trained with (its SHA-256 differs from the one the "
             f"checkpoint recorded, and not only in a byte-order mark or line ends: words were changed, added, "
             f"removed or reordered, and the model's softmax rows follow the file's lines): restore the run's "
-            f"vocab.txt (an export of the run holds a copy), or start a new --workdir")
+            f"vocab.txt (an export of the run holds a copy), or start a new --workdir"
+        )
     saved = meta.get("config_sha256")
     if saved is None:
         return
@@ -237,13 +257,15 @@ def check_run_inputs(meta: dict, path: str, workdir: str, config: dict) -> None:
         if config_digest(in_file) != saved and diffs:
             raise TrainingError(
                 f"{config_path} was changed after {path} was written ({'; '.join(diffs)}): restore the values "
-                f"the checkpoint records, or start a new --workdir")
+                f"the checkpoint records, or start a new --workdir"
+            )
     diffs = config_differences(recorded, config)
     if config_digest(config) != saved and diffs:  # diffs empty: a field this version lets change
         missing = "" if os.path.exists(config_path) else f"; {config_path}, which holds the run's config, is missing"
         raise TrainingError(
             f"this run's config differs from the one {path} was trained with ({'; '.join(diffs)}){missing}: "
-            f"resume with the checkpoint's values, or start a new --workdir")
+            f"resume with the checkpoint's values, or start a new --workdir"
+        )
 
 
 _BOM = b"\xef\xbb\xbf"
@@ -259,18 +281,27 @@ def layout_difference(path: str, sha256: str) -> tuple[str, str] | None:
     lf = lambda b: b.replace(b"\r\n", b"\n")  # noqa: E731
     for bom_change, b in boms.items():
         for ends_change, e in (("", b), ("line ends", lf(b)), ("line ends", lf(b).replace(b"\n", b"\r\n"))):
-            for final_change, c in (("", e), ("the final newline", e.rstrip(b"\r\n")),
-                                    ("the final newline", e + (b"\r\n" if b"\r\n" in e else b"\n"))):
+            for final_change, c in (
+                ("", e),
+                ("the final newline", e.rstrip(b"\r\n")),
+                ("the final newline", e + (b"\r\n" if b"\r\n" in e else b"\n")),
+            ):
                 if c == data or hashlib.sha256(c).hexdigest() != sha256:
                     continue
                 what = [w for w in (bom_change, ends_change, final_change) if w]
                 fixes = []
                 if bom_change:
-                    fixes.append("remove the byte-order mark (sed -i '1s/^\\xEF\\xBB\\xBF//' vocab.txt)"
-                                 if data.startswith(_BOM) else "put back the byte-order mark it had")
+                    fixes.append(
+                        "remove the byte-order mark (sed -i '1s/^\\xEF\\xBB\\xBF//' vocab.txt)"
+                        if data.startswith(_BOM)
+                        else "put back the byte-order mark it had"
+                    )
                 if ends_change:
-                    fixes.append("turn its CRLF line ends back into LF (sed -i 's/\\r$//' vocab.txt)"
-                                 if b"\r\n" in data else "turn its line ends back into CRLF (unix2dos vocab.txt)")
+                    fixes.append(
+                        "turn its CRLF line ends back into LF (sed -i 's/\\r$//' vocab.txt)"
+                        if b"\r\n" in data
+                        else "turn its line ends back into CRLF (unix2dos vocab.txt)"
+                    )
                 if final_change:
                     fixes.append("put back the final newline as it was")
                 return " and ".join(_describe(w, data) for w in what), "; ".join(fixes)
@@ -281,8 +312,11 @@ def _describe(change: str, data: bytes) -> str:
     if change == "a byte-order mark":
         return "a byte-order mark at its start" if data.startswith(_BOM) else "the byte-order mark it lost"
     if change == "line ends":
-        return "its line ends (CRLF where the run's file has LF)" if b"\r\n" in data else \
-            "its line ends (LF where the run's file has CRLF)"
+        return (
+            "its line ends (CRLF where the run's file has LF)"
+            if b"\r\n" in data
+            else "its line ends (LF where the run's file has CRLF)"
+        )
     return "the final newline"
 
 
@@ -294,9 +328,17 @@ def write_run_files(workdir: str, cfg: TrainConfig, model_config: ElmoConfig, ne
             write_json(path, value)
 
 
-def restore_newest(ckpts: Checkpoints, train_state: Any, lstm_state: Any, *, global_batch: int, n_devices: int,
-                   mesh: jax.sharding.Mesh, log: Callable[[str], None],
-                   check_meta: Callable[[dict, str], None] | None = None) -> tuple[int, Any, Any, dict] | None:
+def restore_newest(
+    ckpts: Checkpoints,
+    train_state: Any,
+    lstm_state: Any,
+    *,
+    global_batch: int,
+    n_devices: int,
+    mesh: jax.sharding.Mesh,
+    log: Callable[[str], None],
+    check_meta: Callable[[dict, str], None] | None = None,
+) -> tuple[int, Any, Any, dict] | None:
     """``(step, train_state, lstm_state, meta)`` of the newest checkpoint that restores, or
     None when there is none; ``check_meta(meta, path)`` may refuse a checkpoint from its
     record before its arrays are read (see :func:`restore`).  A damaged one is skipped with a log line saying why, and moved
@@ -309,14 +351,28 @@ def restore_newest(ckpts: Checkpoints, train_state: Any, lstm_state: Any, *, glo
     skipped = []
     for step in sorted(ckpts.all_steps(), reverse=True):
         try:
-            return (step, *restore(ckpts, step, train_state, lstm_state, global_batch=global_batch,
-                                   n_devices=n_devices, mesh=mesh, log=log, check_meta=check_meta))
+            return (
+                step,
+                *restore(
+                    ckpts,
+                    step,
+                    train_state,
+                    lstm_state,
+                    global_batch=global_batch,
+                    n_devices=n_devices,
+                    mesh=mesh,
+                    log=log,
+                    check_meta=check_meta,
+                ),
+            )
         except DamagedCheckpointError as e:
             if distributed.is_multiprocess():
                 raise TrainingError(f"{e}; move it out of {ckpts.directory} and start the job again") from None
             where = ckpts.move_aside(step)
-            log(f"skipping checkpoint {ckpts.path(step)}: it is damaged ({e.reason}); moved it to {where}, "
-                f"falling back to the one before")
+            log(
+                f"skipping checkpoint {ckpts.path(step)}: it is damaged ({e.reason}); moved it to {where}, "
+                f"falling back to the one before"
+            )
             skipped.append(step)
     if skipped:
         raise TrainingError(
@@ -327,9 +383,18 @@ def restore_newest(ckpts: Checkpoints, train_state: Any, lstm_state: Any, *, glo
     return None
 
 
-def restore(ckpts: Checkpoints, step: int, train_state: Any, lstm_state: Any, *, global_batch: int,
-            n_devices: int, mesh: jax.sharding.Mesh, log: Callable[[str], None],
-            check_meta: Callable[[dict, str], None] | None = None) -> tuple[Any, Any, dict]:
+def restore(
+    ckpts: Checkpoints,
+    step: int,
+    train_state: Any,
+    lstm_state: Any,
+    *,
+    global_batch: int,
+    n_devices: int,
+    mesh: jax.sharding.Mesh,
+    log: Callable[[str], None],
+    check_meta: Callable[[dict, str], None] | None = None,
+) -> tuple[Any, Any, dict]:
     """The train state, this process's LSTM rows and the meta of checkpoint ``step``.
 
     ``train_state`` / ``lstm_state`` (this process's rows ``[.., B_local, ..]``) give the
@@ -340,15 +405,23 @@ def restore(ckpts: Checkpoints, step: int, train_state: Any, lstm_state: Any, *,
     """
     meta = ckpts.read_meta(step)
     check_topology(meta, ckpts.path(step), global_batch, n_devices, log)
-    check_vocabulary_size(meta, np.shape(train_state["params"]["softmax"]["b"])[0], ckpts.path(step),
-                          os.path.join(ckpts.workdir, "vocab.txt"))
+    check_vocabulary_size(
+        meta,
+        np.shape(train_state["params"]["softmax"]["b"])[0],
+        ckpts.path(step),
+        os.path.join(ckpts.workdir, "vocab.txt"),
+    )
     if check_meta is not None:
         check_meta(meta, ckpts.path(step))
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     template = (
         jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=replicated), train_state),
-        jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[:2] + (global_batch,) + x.shape[3:], x.dtype,
-                                                    sharding=rows_sharding(mesh, x.ndim, 2)), lstm_state),
+        jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(
+                x.shape[:2] + (global_batch,) + x.shape[3:], x.dtype, sharding=rows_sharding(mesh, x.ndim, 2)
+            ),
+            lstm_state,
+        ),
     )
     (g_train, g_lstm), meta = ckpts.restore(template, step)
     return jax.tree.map(local_replica, g_train), jax.tree.map(lambda x: local_rows(x, 2), g_lstm), meta
@@ -379,8 +452,15 @@ def resume_data_position(batcher, meta: dict, path: str, data_content: str) -> N
         raise TrainingError(f"cannot continue from {path}: {e}") from None
 
 
-def write_checkpoint(ckpts: Checkpoints, step: int, train_state: Any, lstm_state: Any, data_position: dict,
-         mesh: jax.sharding.Mesh, meta: dict) -> None:
+def write_checkpoint(
+    ckpts: Checkpoints,
+    step: int,
+    train_state: Any,
+    lstm_state: Any,
+    data_position: dict,
+    mesh: jax.sharding.Mesh,
+    meta: dict,
+) -> None:
     """Checkpoint ``step`` (all processes call this): the host train state (the same on
     every process), this process's LSTM rows and data position, and ``meta``."""
     data_states = distributed.allgather_json(f"checkpoint/{step}", data_position)
@@ -402,9 +482,11 @@ def check_topology(meta: dict, path: str, global_batch: int, n_devices: int, log
     processes = jax.process_count()
     if saved_processes != processes or saved_batch != global_batch:
         devices = f" on {saved_devices} devices" if saved_devices else ""
-        same_batch = (f"--config.batch_size={saved_batch} --config.batch_size_per_device=None"
-                      if saved_batch % n_devices == 0 else
-                      f"a device count that divides {saved_batch} with --config.batch_size={saved_batch}")
+        same_batch = (
+            f"--config.batch_size={saved_batch} --config.batch_size_per_device=None"
+            if saved_batch % n_devices == 0
+            else f"a device count that divides {saved_batch} with --config.batch_size={saved_batch}"
+        )
         raise TrainingError(
             f"checkpoint {path} was written by {saved_processes} process(es){devices} with a global batch of "
             f"{saved_batch} rows; this run has {processes} process(es) on {n_devices} devices and a global batch "
@@ -414,8 +496,10 @@ def check_topology(meta: dict, path: str, global_batch: int, n_devices: int, log
             f"or start a new --workdir (`elmo-jax export` writes this checkpoint's weights)."
         )
     if saved_devices is not None and int(saved_devices) != n_devices:
-        log(f"note: {path} was written on {saved_devices} devices, this run has {n_devices}; the global batch "
-            f"and the data positions are unchanged, so the run continues (dropout masks differ)")
+        log(
+            f"note: {path} was written on {saved_devices} devices, this run has {n_devices}; the global batch "
+            f"and the data positions are unchanged, so the run continues (dropout masks differ)"
+        )
 
 
 def checkpoints_after_divergence(saved_steps: list[int], bad_step: int, path: Callable[[int], str]) -> str:
@@ -427,8 +511,10 @@ def checkpoints_after_divergence(saved_steps: list[int], bad_step: int, path: Ca
     text = f"the last good checkpoint is {path(good[-1])}" if good else "no good checkpoint was written"
     if bad:
         one = len(bad) == 1
-        text += (f"; {', '.join(path(s) for s in bad)} already {'holds' if one else 'hold'} the diverged "
-                 f"parameters: delete {'it' if one else 'them'} before resuming, or resuming starts from there")
+        text += (
+            f"; {', '.join(path(s) for s in bad)} already {'holds' if one else 'hold'} the diverged "
+            f"parameters: delete {'it' if one else 'them'} before resuming, or resuming starts from there"
+        )
     return text
 
 
@@ -442,8 +528,11 @@ def check_finite(records: list[tuple[int, dict]], ckpts: Checkpoints, vocab_size
         loss = m["loss"]
         if not np.isfinite(loss) or loss > limit:
             ckpts.wait()  # an asynchronous save in flight is listed too
-            above = "" if not np.isfinite(loss) else (
-                f" (far above {limit:.1f} = 3 log V + 10, a loss no training reaches: the parameters blew up)")
+            above = (
+                ""
+                if not np.isfinite(loss)
+                else (f" (far above {limit:.1f} = 3 log V + 10, a loss no training reaches: the parameters blew up)")
+            )
             raise TrainingError(
                 f"the loss became {loss} at step {step}{above}; stopping without saving "
                 f"({checkpoints_after_divergence(ckpts.all_steps(), step, ckpts.path)}). "
