@@ -142,3 +142,21 @@ def test_largest_rows_search_doubles_then_bisects(monkeypatch):
     assert tried == [128, 256, 192, 224, 208]  # the first, then 4 compiles
     tried.clear()
     assert compile_check.largest_rows(None, "v5e:2x4", 512, max_compiles=2) == 128  # 512, 256 fail, 128 fits
+
+
+def test_a_topology_that_lists_each_tensorcore_gets_a_cores_share_of_the_chip():
+    """libtpu's compile-only v4:2x2x1 lists 8 devices on 4 chips (two TensorCores per chip
+    coordinate): a device's roofline uses half the chip's peak, bandwidth and memory."""
+    from types import SimpleNamespace
+
+    from elmo_jax.train.compile_check import CHIPS, per_device
+
+    chip_coords = [(x, y, 0) for x in range(2) for y in range(2)]
+    per_core = [SimpleNamespace(coords=c, core_on_chip=k) for c in chip_coords for k in range(2)]
+    half = per_device(CHIPS["v4"], per_core)
+    assert half.bf16_flops == CHIPS["v4"].bf16_flops / 2
+    assert half.hbm_bandwidth == CHIPS["v4"].hbm_bandwidth / 2 and half.hbm_bytes == CHIPS["v4"].hbm_bytes / 2
+    assert "1/2 of a chip" in half.name
+    one_each = [SimpleNamespace(coords=c, core_on_chip=0) for c in chip_coords]
+    assert per_device(CHIPS["v5e"], one_each) == CHIPS["v5e"]
+    assert per_device(CHIPS["v5e"], [SimpleNamespace()]) == CHIPS["v5e"]  # no coordinates: a whole chip

@@ -108,6 +108,23 @@ def chip_of(topology: str) -> Chip | None:
     return CHIPS[kind]
 
 
+def per_device(chip: Chip, devices: list) -> Chip:
+    """``chip``'s figures for one of ``devices``: a topology may list each TensorCore as a device
+    (libtpu's compile-only ``v4:2x2x1`` has 8 devices on 4 chips, two per chip coordinate), and
+    then one device has its share of the chip's peak, bandwidth and memory."""
+    coords = {tuple(getattr(d, "coords", ())) for d in devices}
+    cores = len(devices) // len(coords) if coords and () not in coords else 1
+    if cores <= 1:
+        return chip
+    return dataclasses.replace(
+        chip,
+        name=f"{chip.name} TensorCore (1/{cores} of a chip)",
+        bf16_flops=chip.bf16_flops / cores,
+        hbm_bandwidth=chip.hbm_bandwidth / cores,
+        hbm_bytes=chip.hbm_bytes / cores,
+    )
+
+
 def topology_devices(topology: str) -> list:
     """The compile-only devices of ``topology`` (``"local"``: this job's own devices),
     ordered as :func:`elmo_jax.train.parallel.global_mesh`."""
@@ -443,6 +460,8 @@ def run_check(
 ) -> list[ProgramReport]:
     """The compile-only check of ``elmo-jax compile`` and ``train --compile_check``."""
     chip = chip_of(topology)
+    if chip is not None:
+        chip = per_device(chip, topology_devices(topology))
     source = f"{chip.name}; figures from {chip.source}" if chip else "no published figures"
     log(f"compiling for {topology} ({source}); this may take minutes")
     report = check_train_step(cfg, topology, rows_per_chip, vocab_size)
