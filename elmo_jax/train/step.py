@@ -155,6 +155,46 @@ def lm_losses(
     return loss, (jax.lax.stop_gradient(new_state), metrics)
 
 
+def _gradients(
+    params: dict,
+    config: ElmoConfig,
+    batch: dict,
+    lstm_state: dict,
+    loss_fn: LossFn,
+    sample_rng: jax.Array,
+    dropout_rng: jax.Array,
+    dropout_rate: float,
+    dtype,
+    axis_name: str | None,
+    remat_steps: int,
+) -> tuple[dict, dict, dict]:
+    """The loss's gradient with respect to ``params`` (the whole model, or the biLM and the
+    softmax rows a sparse step touches), summed over devices, with the new LSTM state and the
+    global batch's metrics (sums, ``loss``, ``grad_norm``)."""
+
+    def objective(p):
+        return lm_losses(
+            p,
+            config,
+            batch,
+            lstm_state,
+            loss_fn,
+            sample_rng=sample_rng,
+            dropout_rng=dropout_rng,
+            dropout_rate=dropout_rate,
+            dtype=dtype,
+            axis_name=axis_name,
+            remat_steps=remat_steps,
+        )
+
+    (loss, (new_lstm_state, metrics)), grads = jax.value_and_grad(objective, has_aux=True)(params)
+    grads = _psum(grads, axis_name)
+    metrics = {k: (_psum(v, axis_name) if k.endswith("_sum") else v) for k, v in metrics.items()}
+    metrics["loss"] = _psum(loss, axis_name)
+    metrics["grad_norm"] = optax.global_norm(grads)
+    return grads, new_lstm_state, metrics
+
+
 def train_step(
     train_state: dict,
     lstm_state: dict,
@@ -192,27 +232,9 @@ def train_step(
             remat_steps=remat_steps,
         )
     params = train_state["params"]
-
-    def objective(p):
-        return lm_losses(
-            p,
-            config,
-            batch,
-            lstm_state,
-            loss_fn,
-            sample_rng=sample_rng,
-            dropout_rng=dropout_rng,
-            dropout_rate=dropout_rate,
-            dtype=dtype,
-            axis_name=axis_name,
-            remat_steps=remat_steps,
-        )
-
-    (loss, (new_lstm_state, metrics)), grads = jax.value_and_grad(objective, has_aux=True)(params)
-    grads = _psum(grads, axis_name)
-    metrics = {k: (_psum(v, axis_name) if k.endswith("_sum") else v) for k, v in metrics.items()}
-    metrics["loss"] = _psum(loss, axis_name)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    grads, new_lstm_state, metrics = _gradients(
+        params, config, batch, lstm_state, loss_fn, sample_rng, dropout_rng, dropout_rate, dtype, axis_name, remat_steps
+    )
     updates, opt_state = optimizer.update(grads, train_state["opt_state"], params)
     new_state = {
         "params": optax.apply_updates(params, updates),
@@ -253,26 +275,9 @@ def sparse_train_step(
     table = {"bilm": params["bilm"], "softmax": jax.tree.map(gather, softmax)}
     loss_fn = rows_loss_fn(rows_R, num_negatives, vocab_size)
 
-    def objective(p):
-        return lm_losses(
-            p,
-            config,
-            batch,
-            lstm_state,
-            loss_fn,
-            sample_rng=sample_rng,
-            dropout_rng=dropout_rng,
-            dropout_rate=dropout_rate,
-            dtype=dtype,
-            axis_name=axis_name,
-            remat_steps=remat_steps,
-        )
-
-    (loss, (new_lstm_state, metrics)), grads = jax.value_and_grad(objective, has_aux=True)(table)
-    grads = _psum(grads, axis_name)
-    metrics = {k: (_psum(v, axis_name) if k.endswith("_sum") else v) for k, v in metrics.items()}
-    metrics["loss"] = _psum(loss, axis_name)
-    metrics["grad_norm"] = optax.global_norm(grads)
+    grads, new_lstm_state, metrics = _gradients(
+        table, config, batch, lstm_state, loss_fn, sample_rng, dropout_rng, dropout_rate, dtype, axis_name, remat_steps
+    )
     opt_rows = softmax_accumulators(train_state["opt_state"], lambda s: jax.tree.map(gather, s))
     updates, new_opt_rows = optimizer.update(grads, opt_rows, table)
     new_table = optax.apply_updates(table, updates)
