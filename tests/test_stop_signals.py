@@ -276,3 +276,26 @@ def test_a_stopped_process_of_a_multi_process_embed_says_where_in_one_line(monke
     assert capsys.readouterr().err.splitlines() == [
         "elmo-jax embed (process 0): stopped by SIGTERM after line 8 of 24; the partial output is kept"
     ]
+
+
+def test_undoing_the_stop_handlers_keeps_a_hook_installed_after_them(monkeypatch):
+    """A command's stop handlers end with the command; an unraisable hook put in front of
+    theirs meanwhile (storage_echoes' filter of orbax's late "Event loop is closed" echoes,
+    which come at exit) must stay, or the echoes print around the command's one line."""
+    import signal
+    import sys
+
+    from elmo_jax.storage_echoes import drop_closed_loop_echoes
+    from elmo_jax.train import stop
+
+    monkeypatch.setattr(sys, "unraisablehook", sys.unraisablehook)  # put back after the test
+    handlers = {s: signal.getsignal(s) for s in stop.STOP_SIGNALS}
+    try:
+        undo = stop._install(lambda *a: None, lambda name: name)
+        drop_closed_loop_echoes()
+        echo_filter = sys.unraisablehook
+        undo()
+        assert sys.unraisablehook is echo_filter
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)

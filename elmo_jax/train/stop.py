@@ -142,11 +142,12 @@ def _exit_when_swallowed(message: Callable[[str], str], previous):
     ends the process with one line and 130 / 143 instead; anything else goes to ``previous``."""
 
     def hook(unraisable):
-        if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        if hook.active and isinstance(unraisable.exc_value, KeyboardInterrupt):
             name = stopped_by(unraisable.exc_value)
             exit_now(exit_status(name), message(name))
         previous(unraisable)
 
+    hook.active = True  # type: ignore[attr-defined]  # False once undone while another hook sits in front
     return hook
 
 
@@ -160,10 +161,16 @@ def _install(handler, message: Callable[[str], str], signals=STOP_SIGNALS) -> Ca
     except ValueError:  # not the main thread
         return None
     hook = sys.unraisablehook
-    sys.unraisablehook = _exit_when_swallowed(message, hook)
+    ours = _exit_when_swallowed(message, hook)
+    sys.unraisablehook = ours
 
     def undo():
-        sys.unraisablehook = hook
+        # A hook installed after ours (storage_echoes' filter of orbax's late echoes) chains to
+        # ours and must stay: then ours only stops acting, it is not taken out of the chain.
+        if sys.unraisablehook is ours:
+            sys.unraisablehook = hook
+        else:
+            ours.active = False
         for s, h in previous.items():
             signal.signal(s, h)
 
