@@ -1,5 +1,9 @@
 """HIT-SCIR's ELMoForManyLangs models (44 languages), read exactly and converted once.
 
+(Over 500 lines: the released names, the folder's reader, its checks and the conversion to
+this package's layout are one format's code; :mod:`~elmo_jax.formats.torch_pickle` already
+holds the pickles.)
+
 A model folder of that package holds ``config.json`` (``config_path`` names the
 architecture JSON, which may be missing: the package then uses its own ``configs/``, whose
 two files :data:`SHIPPED_ARCHITECTURES` repeats), ``char.dic`` and ``word.dic`` (``token<TAB>id``

@@ -1,6 +1,9 @@
 """A run's folder: whether this config may start or continue it, the state a restart reads
 back from its latest checkpoint, and the checkpoints the loop writes.
 
+(Over 500 lines: each check a start or a resume makes names what is wrong and how to fix
+it, and those messages are most of the module.)
+
 ``WORKDIR`` holds (see also :mod:`elmo_jax.train.run_data` for the data it prepares)::
 
     WORKDIR/
