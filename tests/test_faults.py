@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import warnings
 
 import numpy as np
@@ -489,6 +490,47 @@ def test_a_killed_saves_temporary_folder_is_removed_at_the_next_start(reference_
     (work / "checkpoints" / "5.orbax-checkpoint-tmp" / "state").mkdir(parents=True)
     assert train(cfg.replace(max_steps=4), str(work), progress=False)["start_step"] == 3
     assert sorted(p.name for p in (work / "checkpoints").iterdir()) == ["3", "4"]
+
+
+def test_a_failed_saves_late_write_does_not_leave_its_temporary_folder(reference_run, tmp_path, monkeypatch):
+    """5. When one write of a save fails, the storage layer's other writes of that save may still
+    be in flight and make its folder again after the error removed it (seen once on a real full
+    disk): the folder is looked for again until none comes back."""
+    import errno
+    import threading
+
+    import orbax.checkpoint as ocp
+
+    from elmo_jax.train.checkpoints import DiskFullError
+    from elmo_jax.train.loop import train
+
+    late_writes = []
+
+    def full(self, step, *args, **kwargs):
+        folder = os.path.join(str(self.directory), f"{step}.orbax-checkpoint-tmp")
+        os.makedirs(os.path.join(folder, "state"))
+
+        def late_write():  # another shard of the same save, landing after the error's tidying
+            deadline = time.monotonic() + 30
+            while os.path.exists(folder) and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.05)
+            os.makedirs(os.path.join(folder, "state", "d"), exist_ok=True)
+
+        late_writes.append(threading.Thread(target=late_write))
+        late_writes[-1].start()
+        try:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        except OSError as cause:
+            raise ValueError("RESOURCE_EXHAUSTED: Error writing local file") from cause
+
+    cfg, work = _copy_run(reference_run, tmp_path, max_steps=3)
+    with monkeypatch.context() as patch, pytest.raises(DiskFullError, match="disk full: checkpoint 6 "):
+        patch.setattr(ocp.CheckpointManager, "save", full)
+        train(cfg, str(work), progress=False, log=lambda msg: None)
+    for thread in late_writes:
+        thread.join()
+    assert sorted(p.name for p in (work / "checkpoints").iterdir()) == ["3"]
 
 
 def test_a_real_full_disk_on_a_small_tmpfs(reference_run, tmp_path):

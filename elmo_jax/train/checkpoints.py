@@ -36,6 +36,7 @@ import logging
 import os
 import re
 import shutil
+import time
 from typing import Any
 
 import jax
@@ -331,6 +332,8 @@ class Checkpoints:
                 raise
         finally:
             gc.collect()  # failed writes' futures report now, through the filter
+            if self._logs.disk_full:  # a late write of the failed save may have made its folder again
+                self._remove_partial_saves()
             self._logs.release(emit=True)
             if not self._logs.disk_full:  # else orbax's threads may still echo it: keep dropping those
                 for name in _STORAGE_LOGGERS:
@@ -359,11 +362,9 @@ class Checkpoints:
                 self._logs.release(emit=True)
 
     def _disk_full_error(self, step: int | None) -> DiskFullError:
-        partial = sorted(n for n in os.listdir(self.directory) if n.endswith(".orbax-checkpoint-tmp"))
+        partial = self._remove_partial_saves()
         if partial:  # the save that failed (an asynchronous one reports at the next call)
             step = partial[0].split(".")[0]
-        for name in partial:
-            shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
         done = sorted(int(n) for n in os.listdir(self.directory) if n.isdigit())
         needed = _folder_bytes(self.path(done[-1])) if done else self._state_bytes
         free = shutil.disk_usage(self.directory).free
@@ -374,6 +375,30 @@ class Checkpoints:
             f"{free / 2**20:.1f} MiB are free); {intact}. Free some space and run the same command "
             f"to resume from it"
         )
+
+    def _remove_partial_saves(self, quiet_s: float = 0.3, limit_s: float = 10.0) -> list[str]:
+        """Remove the temporary folders of failed saves; return their names, sorted.
+
+        When one write of a save fails, the storage layer's other writes of that save may
+        still be in flight, and each makes the folders it writes into: a folder removed at
+        once can come back a moment later.  So look again until none has come back for
+        ``quiet_s`` (at most ``limit_s``)."""
+        removed: set[str] = set()
+        quiet_since = start = time.monotonic()
+        while time.monotonic() - start < limit_s:
+            try:
+                partial = [n for n in os.listdir(self.directory) if n.endswith(".orbax-checkpoint-tmp")]
+            except FileNotFoundError:
+                break
+            for name in partial:
+                shutil.rmtree(os.path.join(self.directory, name), ignore_errors=True)
+            if partial:
+                removed.update(partial)
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= quiet_s:
+                break
+            time.sleep(0.05)
+        return sorted(removed, key=lambda n: (len(n), n))
 
     def _require(self, step: int | None) -> int:
         if step is None:
