@@ -362,7 +362,7 @@ def _embed_run(args: argparse.Namespace) -> int:
 
 def _download(args: argparse.Namespace) -> int:
     """Fetch a model into the cache (elmo_jax.hub) and say where its files are."""
-    from elmo_jax.formats import manylangs
+    from elmo_jax.hub import manylangs_names as manylangs
     from elmo_jax.hub.cache import PARTIAL_DIR, cache_home
     from elmo_jax.hub.names import RELEASED_MODELS
     from elmo_jax.resolve import resolve_model

@@ -1,6 +1,8 @@
 """The one place that knows the order: a model spec (a folder, a released name, a URL, a
 training run's folder) becomes a local folder (:mod:`elmo_jax.hub` downloads and caches),
-then a model read from it (:mod:`elmo_jax.formats.folder`, which knows the formats).
+then a model read from it (:mod:`elmo_jax.formats.folder`, which knows the formats).  The hub
+reads no model file itself: what it fetched is prepared and checked by the formats the
+resolver hands it (:class:`elmo_jax.formats.downloads.DownloadFormats`).
 
     resolve_model("original")                            # a released English model
     resolve_model("https://host/models/elmo_x_")         # URL prefix: + options.json, + weights.hdf5
@@ -15,6 +17,7 @@ import os
 from pathlib import Path
 
 from elmo_jax.errors import ElmoError, refuse_symlink_loop
+from elmo_jax.formats.downloads import DownloadFormats
 from elmo_jax.formats.folder import ModelValues, read_folder
 from elmo_jax.formats.run_exports import is_training_workdir, workdir_model
 from elmo_jax.hub.cache import cache_home, fetch
@@ -51,7 +54,7 @@ def resolve_model(
             f"model folder not found: {path}; a model is a folder, a released model's name "
             f"({', '.join(RELEASED_MODELS)}) or an http(s):// URL" + suggestion(str(spec))
         )
-    return fetch(str(spec), offline=offline, progress=progress, force=force)
+    return fetch(str(spec), formats=DownloadFormats(), offline=offline, progress=progress, force=force)
 
 
 def local_folder(path: Path) -> Path:
@@ -69,7 +72,9 @@ def read_model(spec: str | os.PathLike, *, progress: bool = True) -> ModelValues
     and an ELMoForManyLangs folder converted once, into the cache)."""
     model_dir = os.fspath(spec)
     if not os.path.exists(model_dir) and is_model_spec(model_dir):
-        model_dir = os.fspath(fetch(model_dir, progress=progress))  # a name or URL: the cached copy
+        model_dir = os.fspath(
+            fetch(model_dir, formats=DownloadFormats(), progress=progress)
+        )  # a name or URL: the cached copy
     if os.path.isfile(model_dir):
         raise ElmoError(
             f"{model_dir} is a file; Elmo.load takes the model folder "

@@ -19,7 +19,8 @@ from elmo_jax.hub.verify import write_manifest
 from elmo_jax.hub import download as hub_download
 from elmo_jax.resolve import resolve_model
 
-from elmo_jax.formats import manylangs
+from elmo_jax.formats.downloads import DownloadFormats
+from elmo_jax.hub import manylangs_names
 from elmo_jax.cli import main
 from tests.conftest import wait_for
 from tests.test_hub import _entries, _serve, _sha, _tiny_model, home, server, tiny  # noqa: F401 - fixtures
@@ -189,7 +190,9 @@ def test_a_server_that_never_answers_is_named(home):
             match=r"127.0.0.1 accepted the connection but sent nothing for 0.5 s "
             r"\(the server is not answering",
         ):
-            hub.fetch_model(hub.model_source(url), home / "models", progress=False, timeout_s=0.5)
+            hub.fetch_model(
+                hub.model_source(url), home / "models", formats=DownloadFormats(), progress=False, timeout_s=0.5
+            )
     finally:
         listener.close()
 
@@ -199,7 +202,9 @@ def test_a_server_announcing_more_than_it_has_is_explained(server, tiny, home):
     server.routes.announce_extra["/short/weights.hdf5"] = 100
     n = len(tiny["weights.hdf5"])
     with pytest.raises(hub.DownloadError, match=rf"announced {n + 100} bytes but holds only {n} .*HTTP 416\).*shorter"):
-        hub.fetch_model(hub.model_source(url), home / "models", progress=False, retry_delays_s=(0.0,))
+        hub.fetch_model(
+            hub.model_source(url), home / "models", formats=DownloadFormats(), progress=False, retry_delays_s=(0.0,)
+        )
     assert _entries(home) == [] and not (home / hub.PARTIAL_DIR).exists()
 
 
@@ -293,7 +298,7 @@ def test_a_manylangs_name_downloads_converts_and_loads(server, home, monkeypatch
         for f in sorted((MANYLANGS / "legacy").iterdir()):
             z.write(f, f"fr.model/{f.name}")
     server.routes.files["/nlpl/150.zip"] = buf.getvalue()
-    monkeypatch.setenv(manylangs.URL_ENV, f"{server.url}/nlpl/")
+    monkeypatch.setenv(manylangs_names.URL_ENV, f"{server.url}/nlpl/")
     entry = resolve_model("manylangs/fr", progress=False)
     assert entry.name == "manylangs-fr"
     assert {"options.json", "weights.hdf5", "char.dic", "word.dic", "download.json"} <= {
@@ -308,13 +313,13 @@ def test_a_manylangs_name_downloads_converts_and_loads(server, home, monkeypatch
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     assert len(server.routes.gets("/nlpl/150.zip")) == 1
     # From the official host, the released architecture is required: this tiny model is refused.
-    monkeypatch.delenv(manylangs.URL_ENV)
+    monkeypatch.delenv(manylangs_names.URL_ENV)
     with pytest.raises(hub.ChecksumError, match=r"not the released 'manylangs/fr'"):
         resolve_model("manylangs/fr", offline=True)
 
 
 def test_a_manylangs_folder_placed_by_hand_is_converted_and_recorded(home, monkeypatch, server):
-    monkeypatch.setenv(manylangs.URL_ENV, f"{server.url}/nowhere/")  # a mirror: no architecture check
+    monkeypatch.setenv(manylangs_names.URL_ENV, f"{server.url}/nowhere/")  # a mirror: no architecture check
     with pytest.raises(hub.OfflineError, match=r"download http://\S+/nowhere/177.zip and unzip it into"):
         resolve_model("manylangs/ur", offline=True)
     entry = home / "models" / "manylangs-ur"

@@ -1,9 +1,11 @@
 """Models by name or URL: downloaded once into a local cache, returned as a folder that
 :meth:`elmo_jax.Elmo.load` reads (``options.json`` + ``weights.hdf5``).  One module per job:
 :mod:`~elmo_jax.hub.names` (specs -> URLs), :mod:`~elmo_jax.hub.download` (one file over HTTP),
-:mod:`~elmo_jax.hub.archives`, :mod:`~elmo_jax.hub.verify` (digests, architectures),
-:mod:`~elmo_jax.hub.lock` and :mod:`~elmo_jax.hub.cache` (the entries); the order a spec is
-resolved in is :mod:`elmo_jax.resolve`'s.  This module keeps the names ``elmo_jax.hub`` always had.
+:mod:`~elmo_jax.hub.manylangs_names`, :mod:`~elmo_jax.hub.archives`, :mod:`~elmo_jax.hub.verify`
+(digests, architectures), :mod:`~elmo_jax.hub.lock` and :mod:`~elmo_jax.hub.cache` (the entries).
+The hub reads no model file: preparing and checking what it fetched is the formats' job,
+asked through :class:`~elmo_jax.hub.model_formats.ModelFormats`, which the resolver
+(:mod:`elmo_jax.resolve`, the one place that knows the order) hands it.  This module keeps the names ``elmo_jax.hub`` always had.
 
     resolve_model("original")                            # a released English model
     resolve_model("https://host/models/elmo_x_")         # URL prefix: + options.json, + weights.hdf5
@@ -26,7 +28,7 @@ on every later use.
 
 A download goes into a temporary folder beside the entry; each file is resumed with an
 HTTP ``Range`` request after a dropped connection; archives are extracted there; the
-options and weights are checked against each other (:func:`elmo_jax.formats.hdf5.load_weights`),
+options and weights are checked against each other (by the formats it is handed),
 and only then is the folder renamed into place, so an entry is complete or absent.  An
 exclusive file lock (``fcntl.flock``) per entry serialises processes fetching the same
 model: the second one waits and then uses the first one's copy.

@@ -1,6 +1,7 @@
 """A model that comes as one archive (.zip, .tar.gz, ...): downloaded, checked against a pinned
-digest, extracted safely, and its model files put in the entry being staged (an
-ELMoForManyLangs folder inside is converted there)."""
+digest, extracted safely, and made into the entry being staged by the formats (the hub's
+:class:`~elmo_jax.hub.model_formats.ModelFormats`: they find the model's files in it, and
+convert an ELMoForManyLangs folder)."""
 
 from __future__ import annotations
 
@@ -14,10 +15,13 @@ from elmo_jax.atomic import file_sha256
 from elmo_jax.errors import ElmoError
 from elmo_jax.hub.download import NotFound, download
 from elmo_jax.hub.errors import DownloadError
-from elmo_jax.hub.names import ARCHIVE_SUFFIXES, OPTIONS_FILE, WEIGHTS_FILE, ModelSource
+from elmo_jax.hub.model_formats import ModelFormats
+from elmo_jax.hub.names import ARCHIVE_SUFFIXES, ModelSource
 
 
-def fetch_archive(source: ModelSource, staging: Path, model: Path, partial: Path, net: dict) -> None:
+def fetch_archive(
+    source: ModelSource, staging: Path, model: Path, partial: Path, net: dict, formats: ModelFormats
+) -> None:
     url = source.archive_url
     assert url is not None, "fetch_archive is for a source with an archive_url"
     suffix = next(x for x in ARCHIVE_SUFFIXES if urllib.parse.urlsplit(url).path.lower().endswith(x))
@@ -46,34 +50,10 @@ def fetch_archive(source: ModelSource, staging: Path, model: Path, partial: Path
         raise DownloadError(f"{url} is not a readable {suffix} archive ({e}); nothing was cached") from None
     archive.unlink()
     try:
-        manylangs_folder = _manylangs_folder_in(extracted)
+        formats.prepare(extracted, model)
     except ElmoError as e:
-        raise DownloadError(f"{url}: {e}; nothing was cached").with_traceback(None) from None
-    if manylangs_folder is not None:
-        from elmo_jax.formats import manylangs
-
-        try:
-            manylangs.convert(manylangs_folder, model)
-        except ElmoError as e:
-            raise DownloadError(
-                f"{url} holds an ELMoForManyLangs model that cannot be converted: {e}; nothing was cached"
-            ) from None
-        return
-    folder, options, weights = _model_files_in(extracted, url)
-    for f in folder.iterdir():
-        if f.is_file():
-            name = OPTIONS_FILE if f == options else WEIGHTS_FILE if f == weights else f.name
-            os.rename(f, model / name)
-
-
-def _manylangs_folder_in(root: Path) -> Path | None:
-    """The one folder of an extracted archive in ELMoForManyLangs' layout, if there is one
-    (and no options.json beside it)."""
-    from elmo_jax.formats import manylangs
-
-    folders = sorted({p.parent for p in root.rglob(manylangs.ENCODER_FILE) if p.is_file()})
-    folders = [f for f in folders if manylangs.is_manylangs_folder(f) and not any(f.glob("*options*.json"))]
-    return folders[0] if len(folders) == 1 else None
+        inside = str(e).replace(str(extracted) + os.sep, "").replace(str(extracted), ".")
+        raise DownloadError(f"{url}: {inside}; nothing was cached") from None
 
 
 def _extract_tar(t: tarfile.TarFile, dest: Path) -> None:
@@ -86,34 +66,6 @@ def _extract_tar(t: tarfile.TarFile, dest: Path) -> None:
         if not (m.isfile() or m.isdir()) or Path(m.name).is_absolute() or ".." in parts:
             raise tarfile.TarError(f"unsafe member {m.name!r}")
     t.extractall(dest)
-
-
-def _model_files_in(root: Path, url: str) -> tuple[Path, Path, Path]:
-    """The folder of an extracted archive that holds the model, its options and weight files.
-
-    Options: ``options.json``, else the one ``*options*.json``.  Weights: ``weights.hdf5``,
-    else the one ``*weights*.hdf5``, else the folder's only ``.hdf5`` file."""
-    folders = sorted({p.parent for p in root.rglob("*options*.json") if p.is_file() and not p.name.startswith("._")})
-    if len(folders) != 1:
-        found = "none" if not folders else ", ".join(str(f.relative_to(root)) or "." for f in folders)
-        raise DownloadError(
-            f"{url}: expected one folder with an options .json file in the archive, found {found}; nothing was cached"
-        )
-    folder = folders[0]
-
-    def pick(exact: str, pattern: str, fallback: str | None) -> Path:
-        if (folder / exact).is_file():
-            return folder / exact
-        for glob in (pattern, fallback):
-            hits = sorted(p for p in folder.glob(glob) if p.is_file()) if glob else []
-            if len(hits) == 1:
-                return hits[0]
-        raise DownloadError(
-            f"{url}: the archive's folder {folder.relative_to(root) or '.'} has no {exact} "
-            f"(nor one {pattern} file); nothing was cached"
-        )
-
-    return folder, pick(OPTIONS_FILE, "*options*.json", None), pick(WEIGHTS_FILE, "*weights*.hdf5", "*.hdf5")
 
 
 __all__ = ["fetch_archive"]

@@ -18,13 +18,20 @@ import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
-from elmo_jax.config import ElmoConfig
 from elmo_jax.errors import ElmoError
-from elmo_jax.formats.hdf5 import load_weights
+from elmo_jax.formats.manylangs import (  # the files such a folder holds; the hub reads none of them
+    CHAR_DIC,
+    CONFIG_FILE,
+    ENCODER_FILE,
+    SHIPPED_ARCHITECTURES,
+    TOKEN_EMBEDDER_FILE,
+    WORD_DIC,
+)
 from elmo_jax.hub.archives import fetch_archive
 from elmo_jax.hub.download import RETRY_DELAYS_S, TIMEOUT_S, NotFound, Unreachable, download
 from elmo_jax.hub.errors import ChecksumError, DownloadError, OfflineError
 from elmo_jax.hub.lock import exclusive_lock
+from elmo_jax.hub.model_formats import ModelFormats
 from elmo_jax.hub.names import (
     DEFAULT_MODELS_URL,
     MODELS_URL_ENV,
@@ -65,7 +72,14 @@ def offline_from_env() -> bool:
     return os.environ.get(OFFLINE_ENV, "").strip().lower() in _TRUE
 
 
-def fetch(spec: str, *, offline: bool | None = None, progress: bool = True, force: bool = False) -> Path:
+def fetch(
+    spec: str,
+    *,
+    formats: ModelFormats,
+    offline: bool | None = None,
+    progress: bool = True,
+    force: bool = False,
+) -> Path:
     """The cache entry of the released name or URL ``spec`` (:mod:`~elmo_jax.hub.names`), checked,
     fetched on first use: the hub's answer to "where is this model?".  ``offline``: ``None``
     reads ``ELMO_JAX_OFFLINE``; the rest as for :func:`fetch_model`."""
@@ -73,6 +87,7 @@ def fetch(spec: str, *, offline: bool | None = None, progress: bool = True, forc
     return fetch_model(
         source,
         cache_home() / "models",
+        formats=formats,
         offline=offline_from_env() if offline is None else offline,
         offline_reason=(
             f"offline mode is on ({OFFLINE_ENV}={os.environ.get(OFFLINE_ENV)})"
@@ -88,6 +103,7 @@ def fetch_model(
     source: ModelSource,
     models_dir: str | os.PathLike,
     *,
+    formats: ModelFormats,
     offline: bool = False,
     offline_reason: str = "offline mode is on",
     progress: bool = True,
@@ -98,6 +114,7 @@ def fetch_model(
     """The cache entry ``models_dir/source.key``, checked, downloading it when absent.
 
     The parts of :func:`resolve_model` after parsing, with the network settings explicit:
+    ``formats`` prepares and checks what was fetched (:mod:`~elmo_jax.hub.model_formats`);
     ``offline_reason`` ends the :class:`OfflineError` sentence when ``offline``;
     ``retry_delays_s`` are the waits before each retry without progress (so
     ``len(retry_delays_s) + 1`` such attempts in a row give up); ``timeout_s`` bounds each
@@ -105,7 +122,7 @@ def fetch_model(
     models_dir = Path(models_dir)
     entry = models_dir / source.key
     if not force and (entry / MANIFEST_FILE).exists():  # complete: entries appear by one rename
-        verify_source(entry, source)
+        verify_source(entry, source, formats)
         return entry
     models_dir.mkdir(parents=True, exist_ok=True)
     with exclusive_lock(models_dir / ".locks" / f"{source.key}.lock", source.spec, progress):
@@ -117,11 +134,11 @@ def fetch_model(
             shutil.rmtree(entry, ignore_errors=True)
             shutil.rmtree(partial_dir(models_dir, source.key), ignore_errors=True)
         if (entry / MANIFEST_FILE).exists():  # another process fetched it while this one waited
-            verify_source(entry, source)
+            verify_source(entry, source, formats)
             return entry
         if entry.exists():
-            adopt(entry, source)
-            verify_source(entry, source)
+            adopt(entry, source, formats)
+            verify_source(entry, source, formats)
             return entry
         if offline:
             raise OfflineError(_offline_message(source, entry, offline_reason))
@@ -136,12 +153,12 @@ def fetch_model(
             net = dict(progress=progress, retry_delays_s=retry_delays_s, timeout_s=timeout_s)
             try:
                 if source.archive_url:
-                    fetch_archive(source, staging, model, partial, net)
+                    fetch_archive(source, staging, model, partial, net, formats)
                 else:
-                    _fetch_files(source, model, partial, net)
+                    _fetch_files(source, model, partial, net, formats)
             except Unreachable as e:
                 raise OfflineError(_offline_message(source, entry, f"the network is unreachable ({e})")) from None
-            check_model(model, source)
+            check_model(model, source, formats)
             write_manifest(model, source, downloaded=True)
             os.rename(model, entry)
             shutil.rmtree(partial, ignore_errors=True)
@@ -150,7 +167,7 @@ def fetch_model(
             for folder in (partial, partial.parent):  # nothing left to resume: no empty folders either
                 with contextlib.suppress(OSError):
                     folder.rmdir()
-    verify_source(entry, source)
+    verify_source(entry, source, formats)
     return entry
 
 
@@ -160,7 +177,7 @@ def partial_dir(models_dir: str | os.PathLike, key: str) -> Path:
     return Path(models_dir).parent / PARTIAL_DIR / key
 
 
-def _fetch_files(source: ModelSource, model: Path, partial: Path, net: dict) -> None:
+def _fetch_files(source: ModelSource, model: Path, partial: Path, net: dict, formats: ModelFormats) -> None:
     """The options file first, checked (and a released name's architecture with it) before
     the weight file is fetched; a 404 tries the bilm-tf names beside it."""
     for i, (name, url) in enumerate(source.file_urls):
@@ -172,7 +189,7 @@ def _fetch_files(source: ModelSource, model: Path, partial: Path, net: dict) -> 
             except NotFound as e:
                 if n == len(candidates) - 1:
                     folder_url = _folder_of_options_url(url) if name == OPTIONS_FILE else None
-                    if folder_url and _fetch_manylangs_folder(folder_url, model, partial, net):
+                    if folder_url and _fetch_manylangs_folder(folder_url, model, partial, net, formats):
                         return
                     also = f"; also tried {', '.join(candidates[1:])}" if len(candidates) > 1 else ""
                     if folder_url:
@@ -182,7 +199,7 @@ def _fetch_files(source: ModelSource, model: Path, partial: Path, net: dict) -> 
                     ) from None
         os.replace(got, model / name)
         if name == OPTIONS_FILE:
-            check_options(model / OPTIONS_FILE, source, candidate)
+            check_options(model / OPTIONS_FILE, source, candidate, formats)
 
 
 def _folder_of_options_url(url: str) -> str | None:
@@ -203,14 +220,12 @@ _MANYLANGS_FILES = (
 )
 
 
-def _fetch_manylangs_folder(folder_url: str, model: Path, partial: Path, net: dict) -> bool:
+def _fetch_manylangs_folder(folder_url: str, model: Path, partial: Path, net: dict, formats: ModelFormats) -> bool:
     """An ELMoForManyLangs folder at ``folder_url`` (which has no options.json): its
     ``config.json``, the architecture JSON that names (by file name, beside it; the package's
     shipped ones may be absent), ``char.dic``, ``word.dic`` and the two ``.pkl`` files,
-    fetched into ``partial`` (resumed like any file) and converted into ``model``.
+    fetched into ``partial`` (resumed like any file) and converted into ``model`` by ``formats``.
     False where the folder holds no ``config.json``."""
-    from elmo_jax.formats import manylangs
-
     folder = partial / "manylangs"
     folder.mkdir(parents=True, exist_ok=True)
 
@@ -227,54 +242,49 @@ def _fetch_manylangs_folder(folder_url: str, model: Path, partial: Path, net: di
                 ) from None
 
     try:
-        download(join_url(folder_url, manylangs.CONFIG_FILE), folder / manylangs.CONFIG_FILE, **net)
+        download(join_url(folder_url, CONFIG_FILE), folder / CONFIG_FILE, **net)
     except NotFound:
         return False
     try:
-        named = json.loads((folder / manylangs.CONFIG_FILE).read_text(encoding="utf-8"))["config_path"]
+        named = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))["config_path"]
         architecture = os.path.basename(str(named).replace("\\", "/"))
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise DownloadError(
-            f"{join_url(folder_url, manylangs.CONFIG_FILE)} is neither options.json's folder nor "
+            f"{join_url(folder_url, CONFIG_FILE)} is neither options.json's folder nor "
             f"an ELMoForManyLangs config.json with a 'config_path' ({type(e).__name__}: {e}); "
             f"nothing was cached"
         ) from None
-    if architecture not in ("", ".", "..", manylangs.CONFIG_FILE):
-        fetch_file(architecture, required=architecture not in manylangs.SHIPPED_ARCHITECTURES)
-    for name in (manylangs.CHAR_DIC, manylangs.TOKEN_EMBEDDER_FILE, manylangs.ENCODER_FILE):
+    if architecture not in ("", ".", "..", CONFIG_FILE):
+        fetch_file(architecture, required=architecture not in SHIPPED_ARCHITECTURES)
+    for name in (CHAR_DIC, TOKEN_EMBEDDER_FILE, ENCODER_FILE):
         fetch_file(name, required=True)
-    fetch_file(manylangs.WORD_DIC, required=False)  # a model without a word table has none
+    fetch_file(WORD_DIC, required=False)  # a model without a word table has none
     try:
-        manylangs.convert(folder, model)
-    except (ElmoError, OSError) as e:
+        formats.prepare(folder, model)
+    except ElmoError as e:
         raise DownloadError(
-            f"{folder_url} holds an ELMoForManyLangs model that cannot be converted: "
-            f"{str(e).replace(str(folder), folder_url.rstrip('/'))}; nothing was cached"
+            f"{folder_url}: {str(e).replace(str(folder), folder_url.rstrip('/'))}; nothing was cached"
         ) from None
     return True
 
 
-def adopt(entry: Path, source: ModelSource) -> Path:
+def adopt(entry: Path, source: ModelSource, formats: ModelFormats) -> Path:
     """An entry put in place by hand (see :class:`OfflineError`): checked, then recorded.
     An ELMoForManyLangs folder (the unzipped archive) is converted in place first."""
-    from elmo_jax.formats import manylangs
-
-    if not (entry / OPTIONS_FILE).is_file() and manylangs.is_manylangs_folder(entry):
-        manylangs.convert(entry, entry)
+    formats.prepare(entry, entry)
     missing = [n for n in (OPTIONS_FILE, WEIGHTS_FILE) if not (entry / n).is_file()]
     if missing:
         raise OfflineError(
             f"{entry} holds no {' and no '.join(missing)}; put the model's files there as "
             f"{OPTIONS_FILE} and {WEIGHTS_FILE}, or delete the folder to download it again"
         )
-    config = ElmoConfig.from_json_file(entry / OPTIONS_FILE)
-    problem = architecture_problem(config, source)
+    problem = architecture_problem(entry / OPTIONS_FILE, source, formats)
     if problem:  # checked before anything is recorded: a wrong model never gets a manifest
         raise ChecksumError(
             f"{entry} was put in the cache by hand, but {problem}; put the released model's "
             f"files there, or delete the folder to download it"
         )
-    load_weights(entry / WEIGHTS_FILE, config)
+    formats.check(entry)
     write_manifest(entry, source, downloaded=False)
     return entry
 

@@ -18,6 +18,8 @@ import urllib.parse
 from dataclasses import dataclass
 from types import MappingProxyType
 
+from elmo_jax.hub import manylangs_names as manylangs
+
 
 RELEASED_MODELS = MappingProxyType(
     {
@@ -71,8 +73,6 @@ def is_url(spec: object) -> bool:
 
 def released_names() -> list[str]:
     """Every released model's name: the English ones, then ``manylangs/<code>``."""
-    from elmo_jax.formats import manylangs
-
     return list(RELEASED_MODELS) + manylangs.released_names()
 
 
@@ -94,8 +94,6 @@ def unknown_name_message(spec: str) -> str:
 def _close_names(spec: str) -> list[str]:
     """Released names close to ``spec``, case aside; ``<prefix>/<code>`` with a prefix close to
     ``manylangs`` is matched by its code (or language name) alone."""
-    from elmo_jax.formats import manylangs
-
     parts = spec.strip().rstrip("/").split("/")
     prefix = manylangs.NAME_PREFIX.rstrip("/")
     if len(parts) == 2 and difflib.SequenceMatcher(None, parts[0].lower(), prefix).ratio() >= 0.8:
@@ -112,8 +110,6 @@ def suggestion(spec: str) -> str:
     if len(parts) > 2:
         return ""
     if len(parts) == 2:
-        from elmo_jax.formats import manylangs
-
         if difflib.SequenceMatcher(None, parts[0].lower(), manylangs.NAME_PREFIX.rstrip("/")).ratio() < 0.8:
             return ""
     return "; " + unknown_name_message("/".join(parts))
@@ -121,8 +117,6 @@ def suggestion(spec: str) -> str:
 
 def model_source(spec: str, models_url: str = DEFAULT_MODELS_URL) -> ModelSource:
     """Parse a released name or a URL (see the module docstring for the URL forms)."""
-    from elmo_jax.formats import manylangs
-
     official = not os.environ.get(MODELS_URL_ENV)
     if spec in RELEASED_MODELS:
         folder = RELEASED_MODELS[spec]

@@ -4,7 +4,6 @@ against the options before an entry is recorded."""
 
 from __future__ import annotations
 
-import dataclasses
 import datetime
 import json
 import os
@@ -14,60 +13,40 @@ from typing import Any
 from elmo_jax.atomic import file_sha256, write_json
 from elmo_jax.config import ElmoConfig
 from elmo_jax.errors import ElmoError
-from elmo_jax.formats.hdf5 import load_weights
 from elmo_jax.hub.errors import ChecksumError, DownloadError
+from elmo_jax.hub.model_formats import ModelFormats
 from elmo_jax.hub.names import OPTIONS_FILE, WEIGHTS_FILE, ModelSource
 
 
 MANIFEST_FILE = "download.json"
 
 
-def check_options(path: Path, source: ModelSource, url: str) -> None:
+def check_options(path: Path, source: ModelSource, url: str, formats: ModelFormats) -> None:
     """Options read (and matched to a released name's architecture) as soon as they arrive."""
     try:
-        config = ElmoConfig.from_json_file(path)
+        ElmoConfig.from_json_file(path)
+        problem = architecture_problem(path, source, formats)
     except ElmoError as e:
         raise DownloadError(
             f"the downloaded files are not a valid model: {str(e).replace(str(path), url)}; "
             f"nothing was cached and the weight file was not fetched"
         ) from None
-    problem = architecture_problem(config, source)
     if problem:
         raise DownloadError(f"{url}: {problem}; nothing was cached and the weight file was not fetched")
 
 
-def architecture_problem(config: ElmoConfig, source: ModelSource) -> str | None:
-    """Why ``config`` is not the known architecture of the released name ``source`` names."""
+def architecture_problem(options_file: Path, source: ModelSource, formats: ModelFormats) -> str | None:
+    """Why the options in ``options_file`` are not the known architecture of the released
+    name ``source`` names (None for a source without one)."""
     if source.architecture is None:
         return None
-    if source.architecture == "manylangs":
-        from elmo_jax.formats import manylangs
-
-        known = manylangs.released_config_fields()
-        found = manylangs.config_fields(config)
-    else:
-        known = dataclasses.asdict(ElmoConfig.preset(source.architecture))
-        found = dataclasses.asdict(config) if config.vocab is None else {"vocab": "a vocabulary model"}
-    if found == known:
+    diffs = formats.architecture_differences(options_file, source.architecture)
+    if not diffs:
         return None
-    diffs = _differences(known, found)
     return f"these options are not those of the released model {source.spec!r} ({diffs}): another model under its name"
 
 
-def _differences(known: dict, found: dict, prefix: str = "") -> str:
-    out = []
-    for k in sorted(set(known) | set(found)):
-        a, b = known.get(k), found.get(k)
-        if isinstance(a, dict) and isinstance(b, dict):
-            sub = _differences(a, b, f"{prefix}{k}.")
-            if sub:
-                out.append(sub)
-        elif a != b:
-            out.append(f"{prefix}{k} {b!r}, released {a!r}")
-    return "; ".join(out[:4])
-
-
-def verify_source(entry: Path, source: ModelSource) -> dict:
+def verify_source(entry: Path, source: ModelSource, formats: ModelFormats) -> dict:
     """:func:`verify_entry`, then the pinned digest and a released name's architecture."""
     manifest = verify_entry(entry, source.spec)
     redo = f"run `elmo-jax download {source.spec} --force` to fetch it again"
@@ -81,10 +60,9 @@ def verify_source(entry: Path, source: ModelSource) -> dict:
             )
     if source.architecture is not None:
         try:
-            config = ElmoConfig.from_json_file(entry / OPTIONS_FILE)
+            problem = architecture_problem(entry / OPTIONS_FILE, source, formats)
         except ElmoError as e:
             raise ChecksumError(f"{entry}: {e}; {redo}") from None
-        problem = architecture_problem(config, source)
         if problem:
             raise ChecksumError(
                 f"{entry} holds a model that is not the released {source.spec!r}: {problem}; delete {entry} or {redo}"
@@ -124,15 +102,14 @@ def verify_entry(entry: str | os.PathLike, spec: str | None = None) -> dict:
     return manifest
 
 
-def check_model(model: Path, source: ModelSource) -> None:
+def check_model(model: Path, source: ModelSource, formats: ModelFormats) -> None:
     """The weights checked against the options, as Elmo.load will read them; an error names
     the URL instead of the temporary file."""
     archive = source.archive_url or ""
     urls = dict(source.file_urls) or {OPTIONS_FILE: archive, WEIGHTS_FILE: archive}
     try:
-        config = ElmoConfig.from_json_file(model / OPTIONS_FILE)
-        load_weights(model / WEIGHTS_FILE, config)
-        problem = architecture_problem(config, source)
+        formats.check(model)
+        problem = architecture_problem(model / OPTIONS_FILE, source, formats)
         if problem:
             raise ElmoError(problem)
     except ElmoError as e:

@@ -1,0 +1,24 @@
+"""What the hub asks of the model formats, which it does not import: the resolver passes an
+object with these three methods (:class:`elmo_jax.formats.downloads.DownloadFormats`).  The
+hub itself knows only which files a model needs to be complete."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+
+class ModelFormats(Protocol):
+    def prepare(self, fetched: Path, model: Path) -> None:
+        """Make ``model`` an ``options.json`` + ``weights.hdf5`` folder from the files in
+        ``fetched`` (an extracted archive, an ELMoForManyLangs folder's files, or ``model``
+        itself for a folder put in place by hand)."""
+
+    def check(self, model: Path) -> None:
+        """Read ``model``'s weights against its options; raise ``ElmoError`` if they do not fit."""
+
+    def architecture_differences(self, options_file: Path, architecture: str) -> str:
+        """How the options in ``options_file`` differ from a released architecture; ``""`` if not."""
+
+
+__all__ = ["ModelFormats"]
