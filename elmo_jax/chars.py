@@ -110,7 +110,13 @@ def truncation_message(cut: Sequence[str | bytes], max_characters_per_token: int
     """What :class:`TokenTruncatedWarning` says about the tokens ``cut``."""
     keep = max_characters_per_token - 2
     first = cut[0]
-    shown = first if len(first) <= 30 else first[:30] + ("..." if isinstance(first, str) else b"...")
+    shown: str | bytes
+    if len(first) <= 30:
+        shown = first
+    elif isinstance(first, str):
+        shown = first[:30] + "..."
+    else:
+        shown = first[:30] + b"..."
     n = len(cut)
     return (
         f"{n} token{'' if n == 1 else 's'} longer than {keep} UTF-8 bytes (the first: {shown!r}, "

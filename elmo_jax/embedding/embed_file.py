@@ -37,6 +37,7 @@ import shutil
 import signal
 import threading
 import time
+from typing import Any
 
 from elmo_jax.train.stop import Stopped, stopped_by
 
@@ -272,7 +273,7 @@ def _embed_range(
     shard = run["shard"]
     layout, layers = run["options"]["layout"], run["options"]["layers"]
     data = os.path.join(state_dir, DATA_FILE)
-    result = {"sentences": 0, "tokens": 0, "resumed_from": None}
+    result: dict[str, Any] = {"sentences": 0, "tokens": 0, "resumed_from": None}
     if shard["count"] > 1 and os.path.exists(final):
         with embed_layouts.open_h5(final, "r") as f:
             other = embed_state.compare(embed_layouts.run_of(f), run)
