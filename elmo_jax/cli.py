@@ -264,6 +264,7 @@ def _eval_source(args: argparse.Namespace, loaded, data: str, source) -> int:
         unroll_steps=loaded.train_config.unroll_steps,
         max_batches=max_batches,
     )
+    assert result is not None  # None only when a should_stop (none here) asks it to stop
     print(
         f"step {loaded.step}: perplexity {result['perplexity']:.3f} (forward {result['fwd_perplexity']:.3f}, "
         f"backward {result['bwd_perplexity']:.3f}) over {result['tokens']} tokens of {data}"
@@ -369,8 +370,8 @@ def _download(args: argparse.Namespace) -> int:
 
     if args.list:
         print("released English models (AllenNLP):")
-        for name, folder in RELEASED_MODELS.items():
-            print(f"  {name:16} {folder}")
+        for name, released_folder in RELEASED_MODELS.items():
+            print(f"  {name:16} {released_folder}")
         print("ELMoForManyLangs (HIT-SCIR; converted on download):")
         for code, (number, language) in manylangs.RELEASED.items():
             print(f"  {manylangs.NAME_PREFIX + code:16} {language} ({number}.zip)")

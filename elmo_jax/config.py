@@ -314,6 +314,7 @@ def count_params(config: ElmoConfig) -> int:
     c, l = config.char_cnn, config.lstm
     n = (c.n_characters - 1 if config.vocab is not None else chars.N_RAW_CHARS) * c.embedding_dim
     if config.word_dim:
+        assert config.vocab is not None  # word_dim is 0 without one
         n += config.vocab.n_words * config.word_dim
     n += sum(w * c.embedding_dim * k + k for w, k in c.filters)
     f = c.n_filters

@@ -51,7 +51,7 @@ import os
 import shutil
 import time
 from collections.abc import Iterator, Sequence
-from typing import Protocol, runtime_checkable
+from typing import Protocol, cast, runtime_checkable
 
 import tensorflow_datasets as tfds
 
@@ -195,7 +195,7 @@ class _TfdsTextSource:
             if records is not None and len(records) == len(keys):
                 texts = [example_text(r) if isinstance(r, bytes) else None for r in records]
                 if None not in texts:
-                    return [t.decode("utf-8").split() for t in texts]
+                    return [t.decode("utf-8").split() for t in cast("list[bytes]", texts)]
         if self._bulk_ok:
             try:
                 return [self._split(ex) for ex in self._ds.__getitems__(keys)]

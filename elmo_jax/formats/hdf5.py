@@ -57,6 +57,7 @@ def expected_shapes(config: ElmoConfig) -> dict[str, tuple[int, ...]]:
     n_chars = chars.N_RAW_CHARS if config.vocab is None else config.vocab.n_chars
     shapes: dict[str, tuple[int, ...]] = {"char_embed": (n_chars, c.embedding_dim)}
     if config.word_dim:  # vocabulary models (config.vocab) only
+        assert config.vocab is not None  # word_dim is 0 without one
         shapes["word_embed"] = (config.vocab.n_words, config.word_dim)
     for i, (w, n) in enumerate(c.filters):
         shapes[f"CNN/W_cnn_{i}"] = (1, w, c.embedding_dim, n)

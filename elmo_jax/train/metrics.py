@@ -48,6 +48,7 @@ class MetricsWriter:
         record = {"step": step, "kind": kind, "time": time.time(), **values}
         self._jsonl.write(json.dumps(record) + "\n")
         self._jsonl.flush()
+        assert self._tb is not None  # made in __init__ when enabled
         for k, v in values.items():
             if isinstance(v, (int, float)) and math.isfinite(v):
                 self._tb.add_scalar(f"{kind}/{k}", v, step)
@@ -56,6 +57,7 @@ class MetricsWriter:
     def close(self) -> None:
         if self.enabled:
             self._jsonl.close()
+            assert self._tb is not None  # made in __init__ when enabled
             self._tb.close()
 
 
