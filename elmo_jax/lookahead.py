@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
+from typing import Any
 
 _END = object()
 
@@ -23,7 +24,7 @@ class LookAheadThreadDied(RuntimeError):
     interpreter killing it)."""
 
 
-def ahead(items: Iterable, depth: int, name: str = "elmo-jax-ahead") -> Iterator:
+def ahead(items: Iterable, depth: int, name: str = "elmo-jax-ahead") -> Generator[Any, None, None]:
     """``items``, computed in a thread called ``name`` up to ``depth`` items ahead."""
     out: queue.Queue = queue.Queue(max(1, int(depth)))
     stop = threading.Event()

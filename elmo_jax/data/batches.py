@@ -71,12 +71,16 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from elmo_jax import chars as chars_lib
 from elmo_jax.data.token_index import TokenIndex
 from elmo_jax.data.vocab import Vocabulary
+
+if TYPE_CHECKING:  # for annotations only: LMBatcher imports them where it uses them (workers > 0)
+    from elmo_jax.data.prefetch import BatchPipeline, WorkerChunks
 
 __all__ = [
     "LMBatcher",
@@ -474,8 +478,10 @@ class _Stream:
             sel = tok_chunk == c
             inp = sel & is_input
             if table_VC is None:
+                assert ch.chars_NC is not None  # a ChunkEncoder's chunk: char ids, no table
                 char_out_BtC[at_input[inp]] = ch.chars_NC[src[inp]]
             else:
+                assert ch.types_N is not None  # an IndexChunkEncoder's chunk: rows of its table
                 rows_Bt[at_input[inp]] = ch.types_N[src[inp]]
             tg = sel & is_target
             tgt_out_Bt[at_input[tg] - 1] = ch.ids_N[src[tg]]
@@ -622,6 +628,7 @@ class LMBatcher(Iterator[dict]):
             raise ValueError(
                 f"process {process_index} of {process_count} gets no sentence: the source has only {self.num_sentences}"
             )
+        self._encoder: IndexChunkEncoder | ChunkEncoder
         if isinstance(source, TokenIndex):  # numpy gathers, no Python per word
             self._encoder = IndexChunkEncoder(source, vocab, self.max_characters_per_token)
         else:
@@ -630,6 +637,8 @@ class LMBatcher(Iterator[dict]):
         self.epoch = 0
         self.batches_in_epoch = 0
         self._finished = False
+        self._provider: WorkerChunks | _InlineChunks
+        self._pipeline: BatchPipeline | None
         if self.workers:
             from elmo_jax.data.prefetch import BatchPipeline, WorkerChunks
 
@@ -674,7 +683,7 @@ class LMBatcher(Iterator[dict]):
             for s in self._streams:
                 s.start_epoch(self.epoch)
         B, T, C = self.batch_size, self.unroll_steps, self.max_characters_per_token
-        batch = {}
+        batch: dict[str, np.ndarray] = {}
         for name, stream in zip(_DIRECTIONS, self._streams):
             ch = np.zeros((B, T, C), dtype=np.int32)
             tg = np.zeros((B, T), dtype=np.int32)

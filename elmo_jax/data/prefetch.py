@@ -29,9 +29,10 @@ from __future__ import annotations
 
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from concurrent.futures import CancelledError, Future
+from collections.abc import Callable, Generator, Iterator
+from concurrent.futures import CancelledError, Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +55,7 @@ MAX_REPLACEMENTS = 3  # pools started again in a row, no chunk arriving in betwe
 # -- worker process side ------------------------------------------------------------------
 # One encoder per worker process, set by the pool's initializer (a process-wide value by
 # necessity: ProcessPoolExecutor calls module-level functions).
-_WORKER_ENCODER = None
+_WORKER_ENCODER: Callable[[np.ndarray, bool], Any] | None = None
 
 
 def _worker_init(encoder) -> None:
@@ -63,6 +64,7 @@ def _worker_init(encoder) -> None:
 
 
 def _worker_encode(positions: np.ndarray, reverse: bool):
+    assert _WORKER_ENCODER is not None  # the pool's initializer ran first
     return _WORKER_ENCODER(positions, reverse)
 
 
@@ -91,7 +93,7 @@ class WorkerChunks:
         self.workers = int(workers)
         self.lookahead = 2 * self.workers + 1
         self._log = log or _stderr_log
-        self._pool = None
+        self._pool: ProcessPoolExecutor | None = None
         self._pending: dict[tuple, tuple[Future | None, np.ndarray, bool]] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -156,7 +158,7 @@ class WorkerChunks:
             if self._closed.is_set():
                 raise DataWorkerError("the data workers were closed")
             pool, self._pool = self._pool, None
-            statuses = worker_statuses(pool) if pool is not None else []
+            statuses: list[tuple[int, int | None]] = worker_statuses(pool) if pool is not None else []
             failure = (
                 pool_failure(pool, error or BrokenProcessPool("the pool is broken"), "data")
                 if pool is not None
@@ -208,7 +210,7 @@ class BatchPipeline:
         self._batcher = batcher
         self._depth = max(1, int(depth))
         self._state = None  # snapshot after the last batch handed out; None: ask the batcher
-        self._built: Iterator | None = None  # (batch, snapshot after it) pairs, from the thread
+        self._built: Generator | None = None  # (batch, snapshot after it) pairs, from the thread
         self._ended = False
 
     # -- thread ------------------------------------------------------------------------

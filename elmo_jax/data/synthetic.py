@@ -85,7 +85,7 @@ import bisect
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -113,6 +113,10 @@ DOMAIN_B_NEW_STEMS = 0.25
 DOMAIN_B_FIRST_SENSE = 0.2
 NO_SENSE = "-"
 END = EOS
+
+# The sampler's draw table of one distribution: the outcomes with p > 0 and their cumulative
+# probabilities.
+_Table = tuple[list[int], list[float]]
 
 
 # --------------------------------------------------------------------------------------
@@ -154,6 +158,11 @@ class SyntheticLanguage:
     max_len: int | None = None
     lemmas: dict[str, str] = dataclasses.field(default_factory=dict)
 
+    if TYPE_CHECKING:  # set by __post_init__ (the class is frozen); at run time not dataclass fields
+        _word_index: dict[str, int] = dataclasses.field(init=False)
+        _sampler: tuple[_Table, list[_Table], list[_Table]] = dataclasses.field(init=False)
+        _log_z: float = dataclasses.field(init=False)
+
     def __post_init__(self) -> None:
         s, v = len(self.state_names), len(self.vocab)
         if self.start.shape != (s,) or self.trans.shape != (s, s) or self.end.shape != (s,):
@@ -175,8 +184,8 @@ class SyntheticLanguage:
         object.__setattr__(self, "_log_z", log_z)
 
     # -- sampling ----------------------------------------------------------------------
-    def _build_sampler(self):
-        def table(p: np.ndarray):
+    def _build_sampler(self) -> tuple[_Table, list[_Table], list[_Table]]:
+        def table(p: np.ndarray) -> _Table:
             idx = np.flatnonzero(p > 0)
             cum = np.cumsum(p[idx])
             cum /= cum[-1]
@@ -203,6 +212,9 @@ class SyntheticLanguage:
             return idx[min(k, len(idx) - 1)]
 
         limit = self.max_len if self.max_len is not None else math.inf
+        tokens: list[str]
+        classes: list[str]
+        senses: list[str]
         while True:
             tokens, classes, senses = [], [], []
             s = draw(start)

@@ -109,7 +109,7 @@ def oracle_embeddings(
     know at best; the forward half cannot resolve right-resolved words and vice versa.
     """
     out = []
-    idx = language._word_index  # type: ignore[attr-defined]  # noqa: SLF001 - set in its __post_init__
+    idx = language._word_index  # noqa: SLF001 - set in its __post_init__
     for s in sentences:
         unknown = [w for w in s if w not in idx]
         if unknown or not s:

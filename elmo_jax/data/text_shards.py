@@ -35,7 +35,7 @@ def byte_ranges(sizes: Sequence[int], workers: int) -> list[tuple[int, int, int]
     order: about four ranges per worker, each 1-16 MiB (a smaller file is one range)."""
     total = sum(sizes)
     chunk = min(_CHUNK_MAX, max(_CHUNK_MIN, -(-total // max(1, 4 * workers))))
-    ranges = []
+    ranges: list[tuple[int, int, int]] = []
     for i, size in enumerate(sizes):
         parts = max(1, -(-size // chunk))
         bounds = [size * k // parts for k in range(parts + 1)]

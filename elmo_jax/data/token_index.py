@@ -153,6 +153,7 @@ class TokenIndex:
         lm1b has 2.4M of them)."""
         if self._types is not None:
             return self._types
+        assert self.folder is not None  # an index without its types in memory was opened from a folder
         with open(os.path.join(self.folder, "types.json"), encoding="utf-8") as f:
             return json.load(f)
 
@@ -374,6 +375,7 @@ def build_token_index(
             ids = np.concatenate([np.zeros(0, dtype=np.int32)] + [i for _, i in merger.parts])
             index = TokenIndex(offsets, ids, counts, types, content_id)
         else:
+            assert folder is not None  # tmp is made only for a folder
             with open(os.path.join(tmp, "types.json"), "w", encoding="utf-8") as f:
                 f.write(json.dumps(types))  # one C-level encode (json.dump iterates in Python)
             np.save(os.path.join(tmp, "counts.npy"), counts)

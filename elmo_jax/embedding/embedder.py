@@ -71,6 +71,7 @@ import itertools
 import os
 import warnings
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -146,7 +147,8 @@ class Elmo:
                 "Elmo.load(folder) reads them"
             )
         # Tokens -> ids: UTF-8 bytes, or a vocabulary model's char.dic / word.dic (manylangs.VocabIds).
-        self.token_ids = token_ids or chars.ByteIds(config.char_cnn.max_characters_per_token)
+        # Any: the caller's object is duck-typed (a vocabulary model's also saves its .dic files).
+        self.token_ids: Any = token_ids or chars.ByteIds(config.char_cnn.max_characters_per_token)
         self.config = config
         self.batch_size = batch_size
         # "bfloat16": matmul operands in bf16, params, cell state, accumulation and outputs
@@ -425,14 +427,14 @@ class Elmo:
             # while the host copies.
             pending: tuple[Group, jax.Array] | None = None
             for group in itertools.chain(prepared, [None]):
-                out = None
+                dispatched = None
                 if group is not None:
-                    out = reduce_layers(self._run_group(group, stateful, cache), layers, mix)
+                    dispatched = (group, reduce_layers(self._run_group(group, stateful, cache), layers, mix))
                 if pending is not None:
                     yield pending[0].plan.indices, to_host(*pending)
                     if bar is not None:
                         bar.update(len(pending[0].plan.indices))
-                pending = None if group is None else (group, out)
+                pending = dispatched
         finally:
             prepared.close()
             if bar is not None:
@@ -460,6 +462,7 @@ class Elmo:
         lengths = self._placement.put_rows(group.lengths_R)
         markers = self._marker_vectors()
         if group.char_ids_RTC is None:
+            assert cache is not None  # the group was prepared with rows of the token cache
             table = cache.vectors
             if group.extra_words:
                 new = self._encode_words(group.extra_words, self.config.token_id_width)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import collections
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -183,7 +183,7 @@ def prepare_group(tokens: CallTokens, plan: GroupPlan, cache: CacheRows | None) 
     return Group(plan, lengths, cache_rows_RT=rows, extra_words=extra)
 
 
-def maybe_ahead(items: Sequence, make: Callable, depth: int) -> Iterator:
+def maybe_ahead(items: Sequence, make: Callable, depth: int) -> Generator:
     """``make(x)`` for each ``x`` of ``items``: in a thread :func:`ahead` of the consumer
     when there is more than one, inline otherwise (a thread buys nothing for one group)."""
     if len(items) <= 1:

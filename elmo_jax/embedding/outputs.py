@@ -65,6 +65,7 @@ def reduce_layers(layers_LBTD: jax.Array, layers: str, mix_params: dict | None) 
         return layers_LBTD[-1]
     if layers == "average":
         return jnp.mean(layers_LBTD, axis=0)
+    assert mix_params is not None  # "mix": check_layers gave the checked mix_params
     return scalar_mix(mix_params, layers_LBTD)
 
 
