@@ -74,8 +74,10 @@ def _parse_head(head: str) -> tuple[str, int | None, bool]:
 def init_tagger(key: jax.Array, config: ElmoConfig, n_classes: int, head: str = "mix", out_dim: int = 512) -> dict:
     """Head parameters: ``{"mix"|"components": ..., "classifier": {"w", "b"}}``."""
     kind, layer, _ = _parse_head(head)
-    if kind == "layer" and not 0 <= layer < config.n_output_layers:
-        raise ValueError(f"layer {layer} does not exist: the model has layers 0..{config.n_output_layers - 1}")
+    if kind == "layer":
+        assert layer is not None  # a "layer:K" head has one
+        if not 0 <= layer < config.n_output_layers:
+            raise ValueError(f"layer {layer} does not exist: the model has layers 0..{config.n_output_layers - 1}")
     if n_classes < 2:
         raise ValueError(f"n_classes must be >= 2, got {n_classes}")
     k_head, k_cls = jax.random.split(key)
@@ -125,6 +127,7 @@ def tagger_logits(params: dict, layers_LBTD: jax.Array, head: str, mask_BT: jax.
     elif kind == "components":
         x = heads.component_head(params["components"], layers_LBTD)
     else:
+        assert layer is not None  # a "layer:K" head has one
         if not 0 <= layer < layers_LBTD.shape[0]:
             raise ValueError(
                 f"head {head!r}: layer {layer} does not exist, the layers are "
@@ -253,6 +256,7 @@ def train_tagger(
     if n == 0:
         raise ValueError("no training sentences")
     check_tagging_data(params, layers_LNTD, labels_NT, mask_NT)
+    assert n is not None  # check_tagging_data raised unless the layers are [L, N, T, D]
     jax.eval_shape(
         lambda x: tagger_logits(params, x, head),  # the head fits the layers
         jax.ShapeDtypeStruct(np.shape(layers_LNTD), jnp.float32),

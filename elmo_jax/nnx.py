@@ -40,6 +40,7 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
+from typing import Any, cast
 
 import jax
 import jax.numpy as jnp
@@ -223,7 +224,8 @@ class ElmoLayer(nnx.Module):
     def penalty(self) -> jax.Array:
         """The sum of the mixes' L2 penalties on their layer weights (the paper adds it to
         the task loss with a small factor, e.g. 1e-3)."""
-        return sum(mix.penalty() for mix in self.mixes)
+        # an array: there is at least one mix (__init__ checks), so never sum's start value 0
+        return cast(jax.Array, sum(mix.penalty() for mix in self.mixes))
 
     def fingerprint(self) -> str:
         """SHA-256 of the biLM's configuration and weights (what :func:`restore_params`
@@ -243,7 +245,7 @@ def _under_linen() -> bool:
         from flax.linen.module import _context
     except ImportError:
         return False
-    stack = getattr(_context, "module_stack", None)
+    stack: Any = getattr(_context, "module_stack", None)  # Linen's private list of modules, if it has one
     return bool(stack) and stack[-1] is not None
 
 
@@ -274,15 +276,15 @@ def batch_inputs(
         raise ValueError(f"rows={rows} is fewer than the {n} sentences")
     n_time = time_bucket(max(len(t) for t in token_lists))
     token_ids = getattr(config, "token_ids", None)
-    config = getattr(config, "config", config)
+    model_config = cast(ElmoConfig, getattr(config, "config", config))  # the layer's or Elmo's, or config itself
     if token_ids is None:
-        if config.vocab is not None:
+        if model_config.vocab is not None:
             raise ValueError(
                 "a vocabulary model's ids come from its .dic files: call batch_inputs(sentences, "
                 "layer) with the ElmoLayer (or the Elmo), not its config"
             )
-        token_ids = chars.ByteIds(config.char_cnn.max_characters_per_token)
-    ids = np.zeros((rows, n_time, config.token_id_width), np.int32)
+        token_ids = chars.ByteIds(model_config.char_cnn.max_characters_per_token)
+    ids = np.zeros((rows, n_time, model_config.token_id_width), np.int32)
     ids[:n] = token_ids.batch_to_ids(token_lists, max_length=n_time)
     mask = np.zeros((rows, n_time), bool)
     for i, t in enumerate(token_lists):

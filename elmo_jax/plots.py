@@ -108,7 +108,8 @@ def _readable_log_ticks(ax) -> None:
     from matplotlib.ticker import FuncFormatter, LogLocator
 
     ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 3.0, 5.0)))
-    ax.yaxis.set_minor_locator(LogLocator(base=10, subs=np.arange(1, 10)))
+    # matplotlib's stub wants a Sequence for subs; LogLocator takes any array (np.asarray)
+    ax.yaxis.set_minor_locator(LogLocator(base=10, subs=np.arange(1, 10)))  # type: ignore[arg-type]
     ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
     ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
 

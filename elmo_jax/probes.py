@@ -265,8 +265,8 @@ def probe_table(
         train_idx = np.sort(np.random.default_rng(seed + 1).choice(train_idx, max_class_train, replace=False))
     test_idx = np.flatnonzero(tok_test)
     subsets = {}
-    for name, flags in (token_subsets or {}).items():
-        flags = np.asarray(flags, dtype=bool)
+    for name, given in (token_subsets or {}).items():
+        flags = np.asarray(given, dtype=bool)
         if flags.shape != (len(classes),):
             raise ValueError(
                 f"token_subsets[{name!r}] has {flags.shape[0] if flags.ndim else 0} flags for {len(classes)} tokens"
@@ -313,8 +313,8 @@ def probe_table(
         if len(tokens) != len(classes):
             raise ValueError("sentences do not match the labels' token counts")
         per_word: dict[str, Counter] = defaultdict(Counter)
-        for i in all_train:
-            per_word[tokens[i]][classes[i]] += 1
+        for j in all_train:
+            per_word[tokens[j]][classes[j]] += 1
         guess = {w: min(c, key=lambda k: (-c[k], k)) for w, c in per_word.items()}
         hits = np.array([guess.get(tokens[i], top) == classes[i] for i in test_idx], dtype=bool)
         base["word_class_per_word"] = float(hits.mean()) if len(test_idx) else nan

@@ -52,5 +52,6 @@ def drop_closed_loop_echoes() -> None:
         if not is_closed_loop_echo(unraisable.exc_type, unraisable.exc_value, unraisable.exc_traceback):
             previous(unraisable)
 
-    hook._elmo_jax_drops_closed_loop_echoes = True
+    # a marker on the function object, which mypy does not model
+    hook._elmo_jax_drops_closed_loop_echoes = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook

@@ -43,6 +43,7 @@ import os
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 
@@ -162,6 +163,7 @@ class VocabIds:
         folder = Path(folder)
         char2id = read_dic(folder / CHAR_DIC)
         word2id = read_dic(folder / WORD_DIC) if config.word_dim else None
+        assert config.vocab is not None  # a vocabulary model's config (formats.folder checks before it calls)
         for name, table, n in (
             (CHAR_DIC, char2id, config.vocab.n_chars),
             (WORD_DIC, word2id, config.vocab.n_words if config.word_dim else 0),
@@ -281,7 +283,8 @@ def elmo_config(architecture: dict, char2id: dict[str, int], word2id: dict[str, 
         vocab = VocabConfig(
             n_chars=n_chars,
             char_ids=char_ids,
-            n_words=len(word2id) if word_dim else 0,
+            # word2id is read whenever word_dim is set; were it None, len's TypeError is reported below
+            n_words=len(cast("dict[str, int]", word2id)) if word_dim else 0,
             word_dim=word_dim,
             word_ids=need(word2id, WORD_DIC, ("<bos>", "<eos>", "<oov>", "<pad>")) if word_dim else (),
         )
@@ -331,6 +334,7 @@ def params_from_state_dicts(config: ElmoConfig, token_sd: dict, encoder_sd: dict
     tok = lambda name, shape: get(token_sd, name, shape, TOKEN_EMBEDDER_FILE)  # noqa: E731
     enc = lambda name, shape: get(encoder_sd, name, shape, ENCODER_FILE)  # noqa: E731
     v, f, d = config.vocab, c.n_filters, c.embedding_dim
+    assert v is not None  # a vocabulary model's config (elmo_config made it)
     table = tok("char_emb_layer.embedding.weight", (v.n_chars, d))
     params: dict = {"char_embed": np.concatenate([np.zeros((1, d), np.float32), table])}
     params["cnn"] = [

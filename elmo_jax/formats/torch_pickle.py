@@ -27,12 +27,13 @@ import struct
 import zipfile
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 from elmo_jax.errors import ElmoError
 
 _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 _LEGACY_PROTOCOL = 1001
-_DTYPES = {
+_DTYPES: dict[str, DTypeLike] = {
     "FloatStorage": np.float32,
     "DoubleStorage": np.float64,
     "HalfStorage": np.float16,
@@ -69,6 +70,8 @@ class _StorageType:
 
 class _Storage:
     """A storage named in the pickle; its elements are read when the layout gives them."""
+
+    array: np.ndarray | None  # None until the storage's bytes are read
 
     def __init__(self, kind: _StorageType, numel: int):
         self.kind, self.numel, self.array = kind, numel, None

@@ -63,6 +63,7 @@ def init_encoder(key: jax.Array, config: ElmoConfig) -> dict:
         )
     params = {"char_embed": table, "cnn": cnn, "highway": highway}
     if config.word_dim:
+        assert config.vocab is not None  # word_dim is 0 without one
         words = jax.random.uniform(next(keys), (config.vocab.n_words + 1, config.word_dim), minval=-0.25, maxval=0.25)
         params["word_embed"] = words.at[0].set(0.0)
     if config.has_char_projection:
@@ -114,7 +115,7 @@ def encode_tokens(
         need_N = chars_needed(ids_NC, config)
         order_N = jnp.argsort(need_N)
         h_MKF = jax.lax.map(
-            lambda xs: _char_cnn_trimmed(params, config, *xs, dtype, conv1d, levels),
+            lambda xs: _char_cnn_trimmed(params, config, xs[0], xs[1], dtype, conv1d, levels),  # (ids, need) per chunk
             (to_chunks(ids_NC[order_N], 0, chunk), to_chunks(need_N[order_N], 0, chunk)),
         )
         h_NF = _unsort_rows(from_chunks(h_MKF, 0, ids_NC.shape[0]), order_N)

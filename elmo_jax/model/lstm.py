@@ -291,6 +291,7 @@ def lstm_stack(
     inputs = x_RBTP
     for n, layer in enumerate(layers):
         if dropout_rate > 0.0:
+            assert rng is not None  # dropout needs one (train.step checks that it has one)
             rng, sub = jax.random.split(rng)
             inputs = dropout(sub, inputs, dropout_rate)
         h_RBTP, h_last, c_last = lstm_layer(

@@ -363,14 +363,15 @@ class Checkpoints:
 
     def _disk_full_error(self, step: int | None) -> DiskFullError:
         partial = self._remove_partial_saves()
+        failed_step: int | str | None = step
         if partial:  # the save that failed (an asynchronous one reports at the next call)
-            step = partial[0].split(".")[0]
+            failed_step = partial[0].split(".")[0]
         done = sorted(int(n) for n in os.listdir(self.directory) if n.isdigit())
         needed = _folder_bytes(self.path(done[-1])) if done else self._state_bytes
         free = shutil.disk_usage(self.directory).free
         intact = f"the previous checkpoint {self.path(done[-1])} is intact" if done else "no earlier checkpoint exists"
         return DiskFullError(
-            f"disk full: checkpoint {step if step is not None else ''} could not be written to "
+            f"disk full: checkpoint {failed_step if failed_step is not None else ''} could not be written to "
             f"{self.directory} (a checkpoint needs about {needed / 2**20:.1f} MiB, "
             f"{free / 2**20:.1f} MiB are free); {intact}. Free some space and run the same command "
             f"to resume from it"

@@ -103,7 +103,8 @@ def _accelerator_plugin_present() -> bool:
 
 
 def _cpu_only() -> bool:
-    platforms = os.environ.get("JAX_PLATFORMS") or (jax.config.jax_platforms or "")
+    # jax.config's options are set up at run time; its type declares none of them
+    platforms = os.environ.get("JAX_PLATFORMS") or (jax.config.jax_platforms or "")  # type: ignore[attr-defined]
     if platforms:
         return platforms.split(",")[0].strip() == "cpu"
     return not _accelerator_plugin_present()

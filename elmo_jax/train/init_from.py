@@ -232,6 +232,7 @@ def carry_softmax(fresh: dict, vocab: Vocabulary, pretrained: Pretrained) -> tup
     b = np.array(fresh["b"], np.float32)
     if pretrained.softmax is None:
         return {"w": w, "b": b}, 0
+    assert pretrained.tokens is not None  # a softmax is read with its tokens (one per row)
     source_row = {token: i for i, token in enumerate(pretrained.tokens)}
     pairs = [(i, source_row[t]) for i, t in enumerate(vocab.tokens) if t in source_row]
     if pairs:
@@ -251,7 +252,9 @@ def initial_train_state(
     params = {"bilm": pretrained.bilm, "softmax": softmax}
     expected = jax.tree.map(lambda x: (np.shape(x), np.dtype(x.dtype)), fresh["params"])
     got = jax.tree.map(lambda x: (np.shape(x), np.dtype(x.dtype)), params)
-    if jax.tree.structure(expected) != jax.tree.structure(got) or jax.tree.leaves(expected) != jax.tree.leaves(got):
+    # jaxlib's PyTreeDef has no usable type for mypy (it compares with != at run time)
+    other_structure = jax.tree.structure(expected) != jax.tree.structure(got)  # type: ignore[operator]
+    if other_structure or jax.tree.leaves(expected) != jax.tree.leaves(got):
         raise TrainingError(
             f"the weights of {pretrained.source} do not have the layout of their own "
             f"options.json; is the weight file the one these options describe?"

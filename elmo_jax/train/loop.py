@@ -161,7 +161,7 @@ def _train(
     start_step = 0
     pretrained_start = latest is None and pretrained is not None
     if latest is not None:
-        latest, train_state, lstm_state, meta = restore_newest(
+        restored = restore_newest(
             ckpts,
             train_state,
             lstm_state,
@@ -171,6 +171,8 @@ def _train(
             log=log,
             check_meta=lambda meta, path: check_run_inputs(meta, path, workdir, cfg.to_dict()),
         )
+        assert restored is not None  # latest_step() saw a checkpoint: the newest good one restores, or it raised
+        latest, train_state, lstm_state, meta = restored
         resume_data_position(batcher, meta, ckpts.path(latest), data_content)
         start_step = int(meta["step"])
         log(f"resuming from {ckpts.path(latest)} (step {start_step})")
@@ -208,7 +210,7 @@ def _train(
         vocab_size=len(vocab),
     )
     eval_fn = make_eval_fn(model_config, dtype) if data.heldout is not None else None
-    eval_args = dict(data=data, model_config=model_config, cfg=cfg, dtype=dtype, eval_fn=eval_fn)
+    eval_args: dict[str, Any] = dict(data=data, model_config=model_config, cfg=cfg, dtype=dtype, eval_fn=eval_fn)
     summary: dict[str, Any] = {"workdir": workdir, "start_step": start_step}
     writer = MetricsWriter(workdir, is_main, start_step=start_step)
     window = TrainWindow(start_step)

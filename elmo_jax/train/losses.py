@@ -315,12 +315,12 @@ def make_loss_fn(
             f"training with the full softmax instead of sampled softmax"
         )
 
-        def fn(softmax_params, h, targets, key=None):
+        def full_fn(softmax_params, h, targets, key=None):
             del key
             return full_softmax_loss(softmax_params, h, targets, chunk_size=chunk_size)
 
         log.info(message)
-        return LossSelection(fn, False, message)
+        return LossSelection(full_fn, False, message)
 
     message = (
         f"sampled softmax: {num_negatives} log-uniform negatives (with replacement, "

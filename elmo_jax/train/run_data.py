@@ -139,7 +139,7 @@ def _prepare_data(
             else:
                 _wait_for(stats_path)
         train_spec = os.path.join(corpus_dir, "train.txt")
-        heldout_spec = os.path.join(corpus_dir, "heldout.txt")
+        heldout_spec: str | None = os.path.join(corpus_dir, "heldout.txt")
     else:
         train_spec, heldout_spec = cfg.data, cfg.heldout
         if heldout_spec is None:

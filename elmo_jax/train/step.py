@@ -122,7 +122,11 @@ def lm_losses(
         x_RBTP = encode_tokens(params["bilm"], config, ids_RBTC, dtype=dtype, trim_levels=GRAD_TRIM_LEVELS)
     if dropout_rate > 0.0 and dropout_rng is None:
         raise ValueError("dropout_rate > 0 needs a dropout_rng")
-    k_lstm, k_top = jax.random.split(dropout_rng) if dropout_rate > 0.0 else (None, None)
+    k_lstm: jax.Array | None = None
+    k_top: jax.Array | None = None
+    if dropout_rate > 0.0:
+        assert dropout_rng is not None  # checked just above
+        k_lstm, k_top = jax.random.split(dropout_rng)
     k_fwd, k_bwd = jax.random.split(sample_rng if sample_rng is not None else jax.random.key(0))
     outputs, new_state = lstm_stack(
         params["bilm"]["lstm"],
@@ -137,6 +141,7 @@ def lm_losses(
     )
     top_RBTP = outputs[-1]
     if dropout_rate > 0.0:
+        assert k_top is not None  # split from dropout_rng above
         top_RBTP = dropout(k_top, top_RBTP, dropout_rate)
     # Negatives are drawn per direction but shared by every position (and device) of the batch.
     losses = [
