@@ -27,7 +27,7 @@ import dataclasses
 import functools
 import re
 import time
-from typing import Callable
+from typing import Any, Callable, cast
 
 import jax
 import jax.numpy as jnp
@@ -223,11 +223,13 @@ def compile_program(
             time.perf_counter() - start,
         )
     seconds = time.perf_counter() - start
-    text = compiled.as_text()
+    # Both are None only on a backend without HLO text or memory statistics; the compile-only
+    # TPU and the local backends have them (elsewhere the code below fails as it always has).
+    text = cast(str, compiled.as_text())
     if dump:
         with open(dump, "w", encoding="utf-8") as f:
             f.write(text)
-    mem = compiled.memory_analysis()
+    mem = cast(Any, compiled.memory_analysis())
     need = (
         mem.argument_size_in_bytes
         + mem.output_size_in_bytes
@@ -340,6 +342,7 @@ def largest_rows(
     low, high = (start, None) if fits else (None, start)
     for _ in range(max_compiles):
         if high is None:
+            assert low is not None  # high is None only while low holds the start, or a fit since
             probe = low * 2
         elif low is None:
             probe = max(8, high // 2)
@@ -416,6 +419,7 @@ def describe(
     if not report.fits:
         return [head, f"  does NOT fit {hbm}: {report.error}"]
     cost = report.cost
+    assert cost is not None  # a program that fits has its cost (compile_program)
     lines = [
         head,
         f"  fits: HBM needed {_gib(report.hbm_needed)} of {hbm} per chip "
@@ -432,8 +436,10 @@ def describe(
     if chip is None:
         return lines + ["  no roofline: not a TPU with published figures"]
     t = report.roofline_seconds(chip)
+    assert t is not None  # None only without a cost
     bound = "memory" if cost.bytes / chip.hbm_bandwidth >= cost.flops / chip.bf16_flops else "compute"
-    tps = report.tokens_per_second(chip)
+    # None only for a roofline time of 0 (no FLOPs and no bytes), which the format below refuses as it always has
+    tps = cast(float, report.tokens_per_second(chip))
     lines.append(
         f"  roofline {t * 1e3:.1f} ms per step ({bound}-bound on {chip.name}: "
         f"{chip.bf16_flops / 1e12:.0f} TFLOP/s bf16, {chip.hbm_bandwidth / GB:.0f} GB/s) -> "

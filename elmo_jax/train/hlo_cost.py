@@ -365,8 +365,9 @@ class _Walker:
                 body, cond = _attr(inst.attrs, "body"), _attr(inst.attrs, "condition")
                 known = self.trip_count(comp, inst, cond)
                 trips = known or _stacked_bound(inst.shape)
-                inner = self.cost(body, depth + 1, trips_outside * trips) + self.cost(
-                    cond, depth + 1, trips_outside * trips
+                # "" (no computation has that name) for a missing one: it costs nothing, as before
+                inner = self.cost(body or "", depth + 1, trips_outside * trips) + self.cost(
+                    cond or "", depth + 1, trips_outside * trips
                 )
                 found = Cost(0.0, 0.0, ((inst.name, trips),), 0 if known else 1)
                 total = total + found + inner.times(trips)
@@ -404,7 +405,7 @@ class _Walker:
             args = [names.get(o) for o in root.operands]
             order = [_param_index(next(i for i in fused if i.name == o)) for o in inner.operands]
             root = Instruction(
-                root.name, root.shape, "compare", tuple(args[k].name for k in order if args[k]), "", inner.attrs, True
+                root.name, root.shape, "compare", tuple(a.name for k in order if (a := args[k])), "", inner.attrs, True
             )
         if root is None or root.opcode != "compare" or len(root.operands) != 2:
             return None
@@ -422,10 +423,16 @@ class _Walker:
         if n is None or init is None:
             return None
         if limit_first:  # N > i  ==  i < N
-            direction = {"GT": "LT", "GE": "LE", "LT": "GT", "LE": "GE"}.get(direction, direction)
-        trips = {"LT": n - init, "LE": n - init + 1, "GT": init - n, "GE": init - n + 1, "NE": abs(n - init)}.get(
-            direction
-        )
+            flipped: dict[str | None, str | None] = {"GT": "LT", "GE": "LE", "LT": "GT", "LE": "GE"}
+            direction = flipped.get(direction, direction)
+        trips_for: dict[str | None, int] = {
+            "LT": n - init,
+            "LE": n - init + 1,
+            "GT": init - n,
+            "GE": init - n + 1,
+            "NE": abs(n - init),
+        }
+        trips = trips_for.get(direction)
         return trips if trips and trips > 0 else None
 
     def _initial_value(self, comp: str, loop: Instruction, index: int) -> int | None:
