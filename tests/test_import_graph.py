@@ -47,8 +47,10 @@ def test_the_hub_takes_only_file_names_from_the_formats():
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("elmo_jax.formats"):
                 taken += [(path.name, node.module, a.name) for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module == "elmo_jax" and any(
-                a.name == "formats" for a in node.names
+            elif (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "elmo_jax"
+                and any(a.name == "formats" for a in node.names)
             ):
                 taken.append((path.name, "elmo_jax", "formats"))
             elif isinstance(node, ast.Import):
