@@ -76,6 +76,24 @@ def test_unknown_chip_is_one_clear_line(capsys):
     assert "unknown chip 'v9z'" in err and "v5e:2x4" in err
 
 
+def test_libtpu_in_use_by_another_process_is_named_not_called_missing(monkeypatch):
+    """libtpu serves one process per host; a second one fails with its lock file's error, which
+    must not send the user to install libtpu again."""
+    from jax.experimental import topologies
+
+    from elmo_jax.train.compile_check import CompileCheckError, topology_devices
+
+    def busy(**kwargs):
+        raise RuntimeError(
+            'ABORTED: Internal error when accessing libtpu multi-process lockfile. Run "$ sudo rm /tmp/libtpu_lockfile".'
+        )
+
+    monkeypatch.setattr(topologies, "get_topology_desc", busy)
+    with pytest.raises(CompileCheckError, match=r"another process on this machine is using libtpu") as raised:
+        topology_devices("v5e:2x4")
+    assert "pip install" not in str(raised.value)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(not HAVE_LIBTPU, reason=NO_LIBTPU)
 def test_tiny_and_original_fit_v5e_8_as_shipped():

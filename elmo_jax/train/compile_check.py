@@ -135,6 +135,12 @@ def topology_devices(topology: str) -> list:
 
         desc = topologies.get_topology_desc(platform="tpu", topology_name=topology)
     except Exception as e:  # noqa: BLE001 - libtpu missing or the name unknown: say which
+        if "libtpu_lockfile" in str(e):  # libtpu serves one process at a time on a host
+            raise CompileCheckError(
+                f"no compile-only TPU devices for {topology!r}: another process on this machine is using libtpu "
+                f"(it holds /tmp/libtpu_lockfile); run the check when that one has finished, or remove the file "
+                f"if no such process is left"
+            ) from None
         raise CompileCheckError(
             f"no compile-only TPU devices for {topology!r} ({type(e).__name__}: {str(e).splitlines()[0][:200]}); "
             f"install libtpu with  pip install 'elmo-jax[tpu]'  (jax[tpu] of the installed jax's version) and "
