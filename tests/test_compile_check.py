@@ -175,6 +175,15 @@ def test_a_topology_that_lists_each_tensorcore_gets_a_cores_share_of_the_chip():
     assert half.bf16_flops == CHIPS["v4"].bf16_flops / 2
     assert half.hbm_bandwidth == CHIPS["v4"].hbm_bandwidth / 2 and half.hbm_bytes == CHIPS["v4"].hbm_bytes / 2
     assert "1/2 of a chip" in half.name
+    from elmo_jax.train.compile_check import ProgramReport, describe
+    from elmo_jax.train.hlo_cost import Cost
+
+    report = ProgramReport(
+        "train step", "v4:2x2x1", 8, 1, 128, 2560, True, 12e9, 9e9, 3e9, None, Cost(3e12, 50e9, (), 0), None, None, 1.0
+    )
+    text = "\n".join(describe(report, half))
+    assert "(8 TensorCores, 1 host), 128 rows per TensorCore" in text and "on 8 TensorCores" in text
+    assert " chip " not in text.replace("of a chip", "")  # a core's figures are not called a chip's
     one_each = [SimpleNamespace(coords=c, core_on_chip=0) for c in chip_coords]
     assert per_device(CHIPS["v5e"], one_each) == CHIPS["v5e"]
     assert per_device(CHIPS["v5e"], [SimpleNamespace()]) == CHIPS["v5e"]  # no coordinates: a whole chip

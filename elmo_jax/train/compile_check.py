@@ -416,10 +416,12 @@ def _hours(seconds: float) -> str:
 def describe(
     report: ProgramReport, chip: Chip | None, epochs: int = 10, train_tokens: int = LM1B_TRAIN_TOKENS
 ) -> list[str]:
-    """Lines for a human (see :data:`ESTIMATE_NOTE`)."""
+    """Lines for a human (see :data:`ESTIMATE_NOTE`).  Figures are per device: a chip, or where
+    the topology lists each TensorCore as a device (:func:`per_device`), a TensorCore."""
+    unit = "TensorCore" if chip is not None and "TensorCore" in chip.name else "chip"
     head = (
-        f"{report.what} on {report.topology} ({report.chips} chips, {report.hosts} host"
-        f"{'s' if report.hosts > 1 else ''}), {report.rows_per_chip} rows per chip:"
+        f"{report.what} on {report.topology} ({report.chips} {unit}s, {report.hosts} host"
+        f"{'s' if report.hosts > 1 else ''}), {report.rows_per_chip} rows per {unit}:"
     )
     hbm = f"{chip.hbm_bytes / GiB:.0f} GiB" if chip else "the device's memory"
     if not report.fits:
@@ -428,9 +430,9 @@ def describe(
     assert cost is not None  # a program that fits has its cost (compile_program)
     lines = [
         head,
-        f"  fits: HBM needed {_gib(report.hbm_needed)} of {hbm} per chip "
+        f"  fits: HBM needed {_gib(report.hbm_needed)} of {hbm} per {unit} "
         f"(temporaries {_gib(report.temp_bytes)}, arguments {_gib(report.argument_bytes)})",
-        f"  per chip and step, loops counted per trip: {cost.flops / 1e12:.3f} TFLOP, {cost.bytes / GB:.2f} GB "
+        f"  per {unit} and step, loops counted per trip: {cost.flops / 1e12:.3f} TFLOP, {cost.bytes / GB:.2f} GB "
         f"moved (XLA's loop-once count: {(report.xla_flops or 0) / 1e12:.3f} TFLOP, "
         f"{(report.xla_bytes or 0) / GB:.2f} GB)",
     ]
@@ -449,13 +451,13 @@ def describe(
     lines.append(
         f"  roofline {t * 1e3:.1f} ms per step ({bound}-bound on {chip.name}: "
         f"{chip.bf16_flops / 1e12:.0f} TFLOP/s bf16, {chip.hbm_bandwidth / GB:.0f} GB/s) -> "
-        f"{tps:,.0f} tokens/s per chip, {tps * report.chips:,.0f} on {report.chips} chips"
+        f"{tps:,.0f} tokens/s per {unit}, {tps * report.chips:,.0f} on {report.chips} {unit}s"
     )
     if report.what == "train step":
         total = epochs * train_tokens / (tps * report.chips)
         lines.append(
             f"  {epochs} epochs of lm1b ({train_tokens / 1e6:.1f}M tokens each) in {_hours(total)} "
-            f"on {report.chips} chips"
+            f"on {report.chips} {unit}s"
         )
     return lines
 
