@@ -187,3 +187,19 @@ def test_a_topology_that_lists_each_tensorcore_gets_a_cores_share_of_the_chip():
     one_each = [SimpleNamespace(coords=c, core_on_chip=0) for c in chip_coords]
     assert per_device(CHIPS["v5e"], one_each) == CHIPS["v5e"]
     assert per_device(CHIPS["v5e"], [SimpleNamespace()]) == CHIPS["v5e"]  # no coordinates: a whole chip
+
+
+def test_a_program_over_the_chips_memory_does_not_fit_even_when_it_compiles():
+    """libtpu's compile-only v5e compiled original's step at 256 rows per chip although its
+    buffers needed 20.6 GiB of the chip's 16: the need is also held against the chip."""
+    from types import SimpleNamespace
+
+    from elmo_jax.train.compile_check import GiB, _over_memory
+
+    chips = [SimpleNamespace(coords=(x, y, 0)) for x in range(2) for y in range(4)]
+    message = _over_memory("v5e:2x4", chips, 20.59 * GiB)
+    assert message is not None and "20.59 GiB per device, more than the 16 GiB of TPU v5e" in message
+    assert _over_memory("v5e:2x4", chips, 12.78 * GiB) is None
+    cores = [SimpleNamespace(coords=(x, y, 0)) for x in range(2) for y in range(2) for _ in range(2)]
+    assert "16 GiB of TPU v4 TensorCore" in (_over_memory("v4:2x2x1", cores, 17 * GiB) or "")
+    assert _over_memory("local", chips, 1e15) is None  # this job's own devices: no published figure
