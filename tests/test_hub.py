@@ -523,6 +523,14 @@ def test_an_elmoformanylangs_folder_url_is_fetched_file_by_file_and_converted(se
         r"an ELMoForManyLangs config.json",
     ):
         hub.resolve_model(f"{server.url}/nothing-here/", progress=False)
+    # A config.json that is not ELMoForManyLangs' (no 'config_path') is named as such.
+    url = _serve(server, "other-config", {"config.json": b'{"hidden_size": 8}'})
+    with pytest.raises(
+        hub.DownloadError,
+        match=r"other-config/config.json is neither options.json's folder nor an ELMoForManyLangs "
+        r"config.json with a 'config_path' \(KeyError",
+    ):
+        hub.resolve_model(url, progress=False)
 
 
 # -- concurrency --------------------------------------------------------------------------

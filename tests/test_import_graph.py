@@ -55,5 +55,5 @@ def test_the_hub_takes_only_file_names_from_the_formats():
                 taken.append((path.name, "elmo_jax", "formats"))
             elif isinstance(node, ast.Import):
                 taken += [(path.name, a.name, "") for a in node.names if a.name.startswith("elmo_jax.formats")]
-    assert taken, "the hub takes the ELMoForManyLangs file names from elmo_jax.formats.manylangs"
+    assert taken, "the hub takes the name of ELMoForManyLangs' first file from elmo_jax.formats.manylangs"
     assert all(name.isupper() for _, _, name in taken), taken

@@ -1,13 +1,15 @@
 """What the hub's downloads become: the formats' side of a fetch.
 
 The hub (:mod:`elmo_jax.hub`) fetches files and keeps the cache; it does not read them.  The
-resolver hands it a :class:`DownloadFormats`, through which the hub asks the three things
+resolver hands it a :class:`DownloadFormats`, through which the hub asks the four things
 only the formats can answer:
 
 * :meth:`~DownloadFormats.prepare`: the files fetched (an extracted archive, an
   ELMoForManyLangs folder's files, or a folder put in the cache by hand) made into a model
   folder in this package's layout (``options.json`` + ``weights.hdf5``, a converted
   vocabulary model's ``.dic`` files beside them);
+* :meth:`~DownloadFormats.manylangs_files`: which files an ELMoForManyLangs folder's
+  ``config.json`` needs beside it (to fetch a folder URL file by file);
 * :meth:`~DownloadFormats.check`: that folder's weights read against its options, as
   :meth:`elmo_jax.Elmo.load` will read them;
 * :meth:`~DownloadFormats.architecture_differences`: how a model's options differ from a
@@ -20,6 +22,7 @@ that are not a model; the hub puts the URL in their place and says what was (not
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -60,6 +63,23 @@ class DownloadFormats:
         """Read ``model``'s weights against its options (raises what reading them raises)."""
         config = ElmoConfig.from_json_file(Path(model) / hdf5.OPTIONS_FILE)
         hdf5.load_weights(Path(model) / hdf5.WEIGHTS_FILE, config)
+
+    def manylangs_files(self, config_file: Path) -> list[tuple[str, bool]]:
+        """The files (name, required) an ELMoForManyLangs folder whose ``config.json`` is
+        ``config_file`` holds beside it: the architecture JSON it names (optional when it is
+        one the package ships), ``char.dic``, the two ``.pkl`` files, and ``word.dic``
+        (optional: a model without a word table has none).  Raises ``ElmoError`` for a file
+        that is not such a ``config.json``."""
+        try:
+            named = json.loads(Path(config_file).read_text(encoding="utf-8"))["config_path"]
+            architecture = os.path.basename(str(named).replace("\\", "/"))
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ElmoError(f"an ELMoForManyLangs config.json with a 'config_path' ({type(e).__name__}: {e})") from None
+        files = []
+        if architecture not in ("", ".", "..", manylangs.CONFIG_FILE):
+            files.append((architecture, architecture not in manylangs.SHIPPED_ARCHITECTURES))
+        files += [(name, True) for name in (manylangs.CHAR_DIC, manylangs.TOKEN_EMBEDDER_FILE, manylangs.ENCODER_FILE)]
+        return files + [(manylangs.WORD_DIC, False)]
 
     def architecture_differences(self, options_file: Path, architecture: str) -> str:
         """How the options in ``options_file`` differ from the released ``architecture`` (an

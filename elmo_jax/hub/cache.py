@@ -10,7 +10,6 @@ missing entry raises :class:`~elmo_jax.hub.errors.OfflineError` saying which fil
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import tempfile
@@ -19,14 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from elmo_jax.errors import ElmoError
-from elmo_jax.formats.manylangs import (  # the files such a folder holds; the hub reads none of them
-    CHAR_DIC,
-    CONFIG_FILE,
-    ENCODER_FILE,
-    SHIPPED_ARCHITECTURES,
-    TOKEN_EMBEDDER_FILE,
-    WORD_DIC,
-)
+from elmo_jax.formats.manylangs import CONFIG_FILE as MANYLANGS_CONFIG_FILE  # the file such a folder starts with
 from elmo_jax.hub.archives import fetch_archive
 from elmo_jax.hub.download import RETRY_DELAYS_S, TIMEOUT_S, NotFound, Unreachable, download
 from elmo_jax.hub.errors import ChecksumError, DownloadError, OfflineError
@@ -210,26 +202,25 @@ def _folder_of_options_url(url: str) -> str | None:
     return urllib.parse.urlunsplit(parts._replace(path=parts.path[: -len(OPTIONS_FILE)]))
 
 
-_MANYLANGS_FILES = (
-    "config.json",
-    "the architecture JSON it names",
-    "char.dic",
-    "word.dic",
-    "token_embedder.pkl",
-    "encoder.pkl",
-)
-
-
 def _fetch_manylangs_folder(folder_url: str, model: Path, partial: Path, net: dict, formats: ModelFormats) -> bool:
     """An ELMoForManyLangs folder at ``folder_url`` (which has no options.json): its
-    ``config.json``, the architecture JSON that names (by file name, beside it; the package's
-    shipped ones may be absent), ``char.dic``, ``word.dic`` and the two ``.pkl`` files,
-    fetched into ``partial`` (resumed like any file) and converted into ``model`` by ``formats``.
-    False where the folder holds no ``config.json``."""
+    ``config.json``, then the files ``formats`` says that config needs beside it, fetched into
+    ``partial`` (resumed like any file) and converted into ``model`` by ``formats``.  False
+    where the folder holds no ``config.json``."""
     folder = partial / "manylangs"
     folder.mkdir(parents=True, exist_ok=True)
-
-    def fetch_file(name: str, required: bool) -> None:
+    try:
+        download(join_url(folder_url, MANYLANGS_CONFIG_FILE), folder / MANYLANGS_CONFIG_FILE, **net)
+    except NotFound:
+        return False
+    try:
+        needed = formats.manylangs_files(folder / MANYLANGS_CONFIG_FILE)
+    except ElmoError as e:
+        raise DownloadError(
+            f"{join_url(folder_url, MANYLANGS_CONFIG_FILE)} is neither options.json's folder nor "
+            f"{str(e).replace(str(folder / MANYLANGS_CONFIG_FILE), 'it')}; nothing was cached"
+        ) from None
+    for name, required in needed:
         url = join_url(folder_url, urllib.parse.quote(name))
         try:
             download(url, folder / name, **net)
@@ -238,27 +229,8 @@ def _fetch_manylangs_folder(folder_url: str, model: Path, partial: Path, net: di
                 raise DownloadError(
                     f"{url}: HTTP 404 {e.reason}; {folder_url} holds an ELMoForManyLangs "
                     f"config.json but not {name}, which such a model needs (its files: "
-                    f"{', '.join(_MANYLANGS_FILES)}); nothing was cached"
+                    f"{MANYLANGS_CONFIG_FILE}, {', '.join(n for n, _ in needed)}); nothing was cached"
                 ) from None
-
-    try:
-        download(join_url(folder_url, CONFIG_FILE), folder / CONFIG_FILE, **net)
-    except NotFound:
-        return False
-    try:
-        named = json.loads((folder / CONFIG_FILE).read_text(encoding="utf-8"))["config_path"]
-        architecture = os.path.basename(str(named).replace("\\", "/"))
-    except (OSError, ValueError, KeyError, TypeError) as e:
-        raise DownloadError(
-            f"{join_url(folder_url, CONFIG_FILE)} is neither options.json's folder nor "
-            f"an ELMoForManyLangs config.json with a 'config_path' ({type(e).__name__}: {e}); "
-            f"nothing was cached"
-        ) from None
-    if architecture not in ("", ".", "..", CONFIG_FILE):
-        fetch_file(architecture, required=architecture not in SHIPPED_ARCHITECTURES)
-    for name in (CHAR_DIC, TOKEN_EMBEDDER_FILE, ENCODER_FILE):
-        fetch_file(name, required=True)
-    fetch_file(WORD_DIC, required=False)  # a model without a word table has none
     try:
         formats.prepare(folder, model)
     except ElmoError as e:

@@ -1,6 +1,8 @@
 """What the hub asks of the model formats, which it does not import: the resolver passes an
-object with these three methods (:class:`elmo_jax.formats.downloads.DownloadFormats`).  The
-hub itself knows only which files a model needs to be complete."""
+object with these methods (:class:`elmo_jax.formats.downloads.DownloadFormats`).  The
+hub itself knows only the names of a model's first files (``options.json`` +
+``weights.hdf5``, an ELMoForManyLangs folder's ``config.json``); which others complete a
+model, and what any of them hold, it asks."""
 
 from __future__ import annotations
 
@@ -13,6 +15,10 @@ class ModelFormats(Protocol):
         """Make ``model`` an ``options.json`` + ``weights.hdf5`` folder from the files in
         ``fetched`` (an extracted archive, an ELMoForManyLangs folder's files, or ``model``
         itself for a folder put in place by hand)."""
+
+    def manylangs_files(self, config_file: Path) -> list[tuple[str, bool]]:
+        """The files (name, required) that the ELMoForManyLangs ``config.json`` at
+        ``config_file`` needs beside it; raise ``ElmoError`` if it is not such a file."""
 
     def check(self, model: Path) -> None:
         """Read ``model``'s weights against its options; raise ``ElmoError`` if they do not fit."""
