@@ -8,8 +8,9 @@ gives the chips of a v5e-8.  This module jits the training step exactly as
 ``(data,)`` mesh of every chip of every host, the state donated), lowers it with
 ``ShapeDtypeStruct``s and compiles it.  What comes back is the TPU program itself:
 
-* whether it fits the chip's HBM (XLA refuses an oversized program with
-  ``RESOURCE_EXHAUSTED``), and the bytes it needs (``memory_analysis``);
+* whether it fits the chip's HBM (XLA refuses most oversized programs with
+  ``RESOURCE_EXHAUSTED``; the bytes it needs, ``memory_analysis``, are also held against the
+  chip's published memory, since the compile-only devices let some through);
 * its FLOPs and bytes per chip, loop bodies counted once per trip
   (:mod:`elmo_jax.train.hlo_cost`; XLA's own ``cost_analysis`` counts them once);
 * a roofline time ``max(FLOPs / peak, bytes / bandwidth)`` from the chip's published
@@ -18,6 +19,10 @@ gives the chips of a v5e-8.  This module jits the training step exactly as
 
 All of these are compile-time estimates, not measurements: a real step also waits on
 collectives, the host and latencies the roofline ignores, so it is slower.
+
+(Over 500 lines: the chip table, building the step and ``Elmo.embed`` programs for a
+topology, the rows-per-chip search and the report are one check's parts, each used only
+here; the HLO walk already lives apart in :mod:`elmo_jax.train.hlo_cost`.)
 """
 
 from __future__ import annotations
