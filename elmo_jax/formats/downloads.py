@@ -34,6 +34,8 @@ from elmo_jax.formats import hdf5, manylangs
 class DownloadFormats:
     """The formats as the hub sees them (see the module docstring); holds nothing."""
 
+    manylangs_config_file = manylangs.CONFIG_FILE
+
     def prepare(self, fetched: Path, model: Path) -> None:
         """Make ``model`` a model folder in this package's layout from the files in ``fetched``.
 

@@ -18,7 +18,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from elmo_jax.errors import ElmoError
-from elmo_jax.formats.manylangs import CONFIG_FILE as MANYLANGS_CONFIG_FILE  # the file such a folder starts with
 from elmo_jax.hub.archives import fetch_archive
 from elmo_jax.hub.download import RETRY_DELAYS_S, TIMEOUT_S, NotFound, Unreachable, download
 from elmo_jax.hub.errors import ChecksumError, DownloadError, OfflineError
@@ -209,16 +208,17 @@ def _fetch_manylangs_folder(folder_url: str, model: Path, partial: Path, net: di
     where the folder holds no ``config.json``."""
     folder = partial / "manylangs"
     folder.mkdir(parents=True, exist_ok=True)
+    config_file = formats.manylangs_config_file
     try:
-        download(join_url(folder_url, MANYLANGS_CONFIG_FILE), folder / MANYLANGS_CONFIG_FILE, **net)
+        download(join_url(folder_url, config_file), folder / config_file, **net)
     except NotFound:
         return False
     try:
-        needed = formats.manylangs_files(folder / MANYLANGS_CONFIG_FILE)
+        needed = formats.manylangs_files(folder / config_file)
     except ElmoError as e:
         raise DownloadError(
-            f"{join_url(folder_url, MANYLANGS_CONFIG_FILE)} is neither options.json's folder nor "
-            f"{str(e).replace(str(folder / MANYLANGS_CONFIG_FILE), 'it')}; nothing was cached"
+            f"{join_url(folder_url, config_file)} is neither options.json's folder nor "
+            f"{str(e).replace(str(folder / config_file), 'it')}; nothing was cached"
         ) from None
     for name, required in needed:
         url = join_url(folder_url, urllib.parse.quote(name))
@@ -229,7 +229,7 @@ def _fetch_manylangs_folder(folder_url: str, model: Path, partial: Path, net: di
                 raise DownloadError(
                     f"{url}: HTTP 404 {e.reason}; {folder_url} holds an ELMoForManyLangs "
                     f"config.json but not {name}, which such a model needs (its files: "
-                    f"{MANYLANGS_CONFIG_FILE}, {', '.join(n for n, _ in needed)}); nothing was cached"
+                    f"{config_file}, {', '.join(n for n, _ in needed)}); nothing was cached"
                 ) from None
     try:
         formats.prepare(folder, model)

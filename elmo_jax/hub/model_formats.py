@@ -1,8 +1,8 @@
 """What the hub asks of the model formats, which it does not import: the resolver passes an
 object with these methods (:class:`elmo_jax.formats.downloads.DownloadFormats`).  The
-hub itself knows only the names of a model's first files (``options.json`` +
-``weights.hdf5``, an ELMoForManyLangs folder's ``config.json``); which others complete a
-model, and what any of them hold, it asks."""
+hub itself knows only the names ``options.json`` and ``weights.hdf5``; which other files
+complete a model (an ELMoForManyLangs folder's, starting from ``manylangs_config_file``), and
+what any of them hold, it asks."""
 
 from __future__ import annotations
 
@@ -11,6 +11,8 @@ from typing import Protocol
 
 
 class ModelFormats(Protocol):
+    manylangs_config_file: str  # the file an ELMoForManyLangs folder is found by (config.json)
+
     def prepare(self, fetched: Path, model: Path) -> None:
         """Make ``model`` an ``options.json`` + ``weights.hdf5`` folder from the files in
         ``fetched`` (an extracted archive, an ELMoForManyLangs folder's files, or ``model``
