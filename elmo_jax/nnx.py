@@ -54,7 +54,7 @@ from elmo_jax.embedding.embedder import Elmo, Sentence, row_bucket, time_bucket
 from elmo_jax.errors import ElmoError
 from elmo_jax.model import heads
 from elmo_jax.model.bilm import bilm
-from elmo_jax.storage_echoes import drop_closed_loop_echoes
+from elmo_jax.storage_echoes import drop_closed_loop_echoes, drop_failed_read_echoes
 
 LINEN_COLLECTION = "elmo_weights"
 """The Linen collection that frozen biLM weights land in under ``nnx.bridge.to_linen``
@@ -371,6 +371,7 @@ def restore_params(model: nnx.Module, directory: str | os.PathLike) -> None:
                 "params"
             ]
         except (ValueError, KeyError) as e:
+            drop_failed_read_echoes(directory)  # its other reads' late logs
             raise ElmoError(
                 f"{directory} does not fit this model's parameters ({e}); build the task "
                 f"model with the same layers and sizes as the one saved"

@@ -16,11 +16,19 @@ not reachable from Python.
 that exception (type, message, raised by asyncio's ``call_soon_threadsafe`` called from
 native code) and passes everything else on unchanged.  It stays for the rest of the process
 (the echoes come late), and installing it twice is a no-op.
+
+The failed reads also end asyncio tasks whose exceptions nobody retrieves once the first
+one was raised; asyncio logs each of them ("Task exception was never retrieved", or "Future
+...", with a traceback) when it is collected, again at any later moment.
+:func:`drop_failed_read_echoes` drops exactly those records for the checkpoint folders
+whose failed read has already been reported, and passes every other record on.
 """
 
 from __future__ import annotations
 
 import asyncio.base_events
+import logging
+import os
 import sys
 import warnings
 
@@ -55,3 +63,34 @@ def drop_closed_loop_echoes() -> None:
     # a marker on the function object, which mypy does not model
     hook._elmo_jax_drops_closed_loop_echoes = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
+
+
+# asyncio's words for a task's or a future's exception that nobody retrieved
+_UNRETRIEVED = ("Task exception was never retrieved", "Future exception was never retrieved")
+
+
+class _FailedReadEchoes(logging.Filter):
+    """Drops asyncio's "never retrieved" records of a task or future whose exception names one of
+    ``folders`` (a checkpoint whose failed read was reported); lets everything else through."""
+
+    def __init__(self):
+        super().__init__()
+        self.folders: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if not message.startswith(_UNRETRIEVED):
+            return True
+        text = message + (str(record.exc_info[1]) if record.exc_info else "")
+        return not any(folder in text for folder in self.folders)
+
+
+def drop_failed_read_echoes(folder: str | os.PathLike) -> None:
+    """From now on, drop asyncio's late "Task exception was never retrieved" records of reads
+    under ``folder`` (whose failure the caller has reported). One filter per process."""
+    logger = logging.getLogger("asyncio")
+    echoes = next((f for f in logger.filters if isinstance(f, _FailedReadEchoes)), None)
+    if echoes is None:
+        echoes = _FailedReadEchoes()
+        logger.addFilter(echoes)
+    echoes.folders.add(os.path.abspath(os.fspath(folder)).rstrip(os.sep) + os.sep)

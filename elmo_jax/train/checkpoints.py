@@ -44,7 +44,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from elmo_jax.errors import ElmoError, exception_chain as _chain, is_disk_full, symlink_loop
-from elmo_jax.storage_echoes import drop_closed_loop_echoes
+from elmo_jax.storage_echoes import drop_closed_loop_echoes, drop_failed_read_echoes
 
 
 DAMAGED_FOLDER = "checkpoints-damaged"
@@ -216,6 +216,7 @@ class Checkpoints:
                 args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()),
             )
         except Exception as e:
+            drop_failed_read_echoes(self.path(step))  # its other reads' late logs (see storage_echoes)
             if _is_access_failure(e):
                 raise
             if jax.process_count() > 1:  # telling damage apart would take barriers a failed process misses
@@ -293,6 +294,7 @@ class Checkpoints:
                 has_shape = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")  # noqa: E731
                 reader.restore(state_dir, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree, is_leaf=has_shape))
         except Exception as e:
+            drop_failed_read_echoes(self.path(step))
             if _is_access_failure(e):
                 raise
             return f"its arrays cannot be read: {_reason(e)}"
