@@ -243,3 +243,46 @@ def test_empty_batches_encode_and_embed_to_empty_arrays(shape):
     assert encode_tokens(params, TINY, ids).shape == shape + (TINY.projection_dim,)
     layers, _ = bilm(params, TINY, ids)
     assert layers.shape == (TINY.lstm.n_layers + 1,) + shape + (2 * TINY.projection_dim,)
+
+
+def test_conv_max_equals_autodiff_of_max_over_the_convolution():
+    """The accelerators' pooled convolution (its backward keeps only where each maximum was):
+    values and both gradients equal autodiff's on inputs without ties."""
+    x = jax.random.normal(jax.random.key(3), (6, 11, 5))
+    w = jax.random.normal(jax.random.key(4), (3, 5, 7))
+    g = jax.random.normal(jax.random.key(5), (6, 7))
+
+    def loss(fn):
+        return jax.jit(jax.value_and_grad(lambda x, w: jnp.sum(fn(x, w) * g), argnums=(0, 1)))(x, w)
+
+    (got, (dx, dw)), (want, (dx_want, dw_want)) = (
+        loss(lambda x, w: encoder.conv_max(x, w, jnp.float32)),
+        loss(lambda x, w: jnp.max(encoder._conv(x, w, jnp.float32), axis=1)),
+    )
+    assert _rel(got, want) <= 1e-6 and _rel(dx, dx_want) <= 1e-6 and _rel(dw, dw_want) <= 1e-6
+    assert float(jnp.max(jnp.abs(dx))) > 0 and float(jnp.max(jnp.abs(dw))) > 0
+
+
+def test_the_accelerators_char_cnn_gradients_equal_the_cpus():
+    """Real char ids, whose padding runs give tied maxima (autodiff splits a tie evenly,
+    conv_max gives it to the first position): the encoder traced for a TPU (conv_max, no
+    chunks) has the same outputs and parameter gradients as the CPU's path. Short words
+    and padding tokens included, so ties occur (checked)."""
+    from elmo_jax.model.platform import compiling_for
+
+    params = init_params(jax.random.key(6), TINY)
+    ids = _ids(4, 6, TINY.char_cnn.max_characters_per_token, seed=3)
+    w = jax.random.normal(jax.random.key(7), (4, 6, TINY.projection_dim))
+    x = params["char_embed"][ids.reshape(-1, ids.shape[-1])]
+    y = encoder._conv(x, params["cnn"][0]["w"], jnp.float32)
+    assert int(jnp.sum(y == jnp.max(y, axis=1, keepdims=True))) > y.shape[0] * y.shape[2]  # ties
+
+    def grad():
+        return jax.jit(jax.value_and_grad(lambda p: jnp.sum(encode_tokens(p, TINY, ids) * w)))(params)
+
+    cpu_loss, cpu_grads = grad()
+    with compiling_for("tpu"):
+        acc_loss, acc_grads = grad()
+    assert _rel(acc_loss, cpu_loss) <= 1e-6
+    for a, b in zip(jax.tree.leaves(acc_grads), jax.tree.leaves(cpu_grads)):
+        assert a.shape == b.shape and _rel(a, b) <= 1e-5

@@ -215,8 +215,12 @@ def _char_cnn(params: dict, config: ElmoConfig, ids_NC: jax.Array, dtype, conv_f
     act = _ACTIVATIONS[config.char_cnn.activation]
     pooled = []
     for conv in params["cnn"]:
-        y_NWn = conv_fn(x_NCD, conv["w"].astype(dtype), product_dtype(dtype)).astype(accumulator(dtype))
-        pooled.append(act(jnp.max(y_NWn, axis=1) + conv["b"]))
+        w_KDn = conv["w"].astype(dtype)
+        if target_platform() == "cpu":
+            max_Nn = jnp.max(conv_fn(x_NCD, w_KDn, product_dtype(dtype)), axis=1)
+        else:
+            max_Nn = conv_max(x_NCD, w_KDn, product_dtype(dtype))
+        pooled.append(act(max_Nn.astype(accumulator(dtype)) + conv["b"]))
     return jnp.concatenate(pooled, axis=-1)
 
 
@@ -261,6 +265,42 @@ def _conv1d_bwd(out_dtype, residuals, dy_NWn):
 
 
 conv1d.defvjp(_conv1d_fwd, _conv1d_bwd)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def conv_max(x_NCD: jax.Array, w_KDn: jax.Array, out_dtype=None) -> jax.Array:
+    """Max over positions of the VALID convolution -> ``[N, n]``, whose backward pass keeps
+    only where each maximum was.
+
+    Autodiff of ``max(conv(x))`` saves the whole convolution output (``[N, C - K + 1, n]``,
+    400 kB per token with the standard filters) for the backward pass, and on a TPU XLA
+    copies it into another layout on the way. Here the backward pass keeps ``x``, ``w`` and
+    the position of each maximum (one byte per token and filter) and builds the output
+    gradient from them (a one-hot a convolution gradient can read as it goes). Ties go to
+    the first position, where autodiff splits them evenly; a tie in a char CNN is a window
+    inside the padding run, every one of which holds the same chars, so the parameter
+    gradients are the same up to rounding (tested). Used on accelerators; the CPU keeps
+    its chunked path (see :data:`CNN_CHUNK_TOKENS`).
+    """
+    return jnp.max(_conv(x_NCD, w_KDn, out_dtype), axis=1)
+
+
+def _conv_max_fwd(x_NCD, w_KDn, out_dtype):
+    y_NWn = _conv(x_NCD, w_KDn, out_dtype)
+    where = jnp.uint8 if y_NWn.shape[1] <= 256 else jnp.int32
+    return jnp.max(y_NWn, axis=1), (x_NCD, w_KDn, jnp.argmax(y_NWn, axis=1).astype(where))
+
+
+def _conv_max_bwd(out_dtype, residuals, g_Nn):
+    x_NCD, w_KDn, argmax_Nn = residuals
+    y_shape = jax.eval_shape(functools.partial(_conv, out_dtype=out_dtype), x_NCD, w_KDn)
+    at_max_NWn = jnp.arange(y_shape.shape[1])[None, :, None] == argmax_Nn[:, None, :].astype(jnp.int32)
+    dy_NWn = jnp.where(at_max_NWn, g_Nn[:, None, :], 0).astype(y_shape.dtype)
+    _, conv_vjp = jax.vjp(functools.partial(_conv, out_dtype=out_dtype), x_NCD, w_KDn)
+    return conv_vjp(dy_NWn)
+
+
+conv_max.defvjp(_conv_max_fwd, _conv_max_bwd)
 
 
 @jax.custom_vjp
