@@ -45,6 +45,21 @@ def test_roofline_is_the_slower_of_compute_and_memory():
     assert f"{hours:.1f} h on 8 chips" in text
 
 
+def test_on_chip_traffic_is_shown_apart_and_bounds_the_time_from_above():
+    """The roofline moves HBM bytes at the HBM bandwidth; the traffic of buffers in on-chip
+    memory is printed apart, with the time it would take at HBM bandwidth as an upper bound."""
+    chip = CHIPS["v5e"]
+    cost = Cost(197e12 * 0.01, 819e9 * 0.02, (), 0, on_chip_bytes=819e9 * 0.03)
+    report = ProgramReport("train step", "v5e:2x4", 8, 1, 128, 2560, True, 1e9, 5e8, 1e8, None, cost, 1.0, 1.0, 1.0)
+    assert report.roofline_seconds(chip) == pytest.approx(0.02)
+    assert report.roofline_seconds(chip, upper_bound=True) == pytest.approx(0.05)
+    text = "\n".join(describe(report, chip))
+    assert "16.38 GB to and from HBM and 24.57 GB in on-chip memory" in text
+    assert "128,000 tokens/s per chip" in text and "upper bound" in text and "50.0 ms per step" in text
+    hours = 10 * LM1B_TRAIN_TOKENS / (128_000 * 8) / 3600
+    assert f"{hours:.1f} h on 8 chips" in text and f"10 epochs in {hours * 2.5:.1f} h" in text
+
+
 @pytest.mark.slow
 def test_compile_local_cpu_reports_estimates(capsys):
     rc = main(

@@ -12,10 +12,13 @@ gives the chips of a v5e-8.  This module jits the training step exactly as
   ``RESOURCE_EXHAUSTED``; the bytes it needs, ``memory_analysis``, are also held against the
   chip's published memory, since the compile-only devices let some through);
 * its FLOPs and bytes per chip, loop bodies counted once per trip
-  (:mod:`elmo_jax.train.hlo_cost`; XLA's own ``cost_analysis`` counts them once);
-* a roofline time ``max(FLOPs / peak, bytes / bandwidth)`` from the chip's published
+  (:mod:`elmo_jax.train.hlo_cost`; XLA's own ``cost_analysis`` counts them once); the bytes
+  are those moved to and from HBM, and the traffic of the buffers XLA placed in on-chip
+  memory (VMEM: the LSTM's weights across its steps, a loop's per-step arrays) is given apart;
+* a roofline time ``max(FLOPs / peak, HBM bytes / HBM bandwidth)`` from the chip's published
   figures (:data:`CHIPS`), and from it tokens per second per chip and the time for
-  10 epochs of lm1b.
+  10 epochs of lm1b; beside it an upper bound that also moves the on-chip traffic at the
+  HBM bandwidth.
 
 All of these are compile-time estimates, not measurements: a real step also waits on
 collectives, the host and latencies the roofline ignores, so it is slower.
@@ -78,7 +81,8 @@ CHIPS = {
 
 ESTIMATE_NOTE = (
     "compile-time estimates: memory from XLA's buffer assignment, FLOPs and bytes counted in the "
-    "compiled program (loops once per trip), time = max(FLOPs / peak bf16, bytes / HBM bandwidth). "
+    "compiled program (loops once per trip), time = max(FLOPs / peak bf16, HBM bytes / HBM bandwidth); "
+    "the upper bound also moves the on-chip (VMEM) traffic at HBM bandwidth. "
     "Not measured on a device; a real step is slower."
 )
 
@@ -174,10 +178,12 @@ class ProgramReport:
     xla_bytes: float | None
     compile_seconds: float
 
-    def roofline_seconds(self, chip: Chip) -> float | None:
+    def roofline_seconds(self, chip: Chip, upper_bound: bool = False) -> float | None:
+        """``max(FLOPs / peak, HBM bytes / bandwidth)``; ``upper_bound``: the on-chip bytes too."""
         if self.cost is None:
             return None
-        return max(self.cost.flops / chip.bf16_flops, self.cost.bytes / chip.hbm_bandwidth)
+        moved = self.cost.bytes + (self.cost.on_chip_bytes if upper_bound else 0.0)
+        return max(self.cost.flops / chip.bf16_flops, moved / chip.hbm_bandwidth)
 
     def tokens_per_second(self, chip: Chip) -> float | None:
         t = self.roofline_seconds(chip)
@@ -281,7 +287,8 @@ def compile_program(
         float(mem.temp_size_in_bytes),
         float(mem.argument_size_in_bytes),
         over,
-        loop_aware_cost(text),
+        # a TPU's S(n) memory spaces are on chip (VMEM, scalar memory): not HBM traffic
+        loop_aware_cost(text, on_chip=all(d.platform == "tpu" for d in devices)),
         xla.get("flops"),
         xla.get("bytes accessed"),
         seconds,
@@ -456,7 +463,9 @@ def describe(
         f"  fits: HBM needed {_gib(report.hbm_needed)} of {hbm} per {unit} "
         f"(temporaries {_gib(report.temp_bytes)}, arguments {_gib(report.argument_bytes)})",
         f"  per {unit} and step, loops counted per trip: {cost.flops / 1e12:.3f} TFLOP, {cost.bytes / GB:.2f} GB "
-        f"moved (XLA's loop-once count: {(report.xla_flops or 0) / 1e12:.3f} TFLOP, "
+        f"to and from HBM"
+        + (f" and {cost.on_chip_bytes / GB:.2f} GB in on-chip memory" if cost.on_chip_bytes else "")
+        + f" (XLA's loop-once count, all memories: {(report.xla_flops or 0) / 1e12:.3f} TFLOP, "
         f"{(report.xla_bytes or 0) / GB:.2f} GB)",
     ]
     if cost.unknown_trip_counts:
@@ -481,6 +490,16 @@ def describe(
         lines.append(
             f"  {epochs} epochs of lm1b ({train_tokens / 1e6:.1f}M tokens each) in {_hours(total)} "
             f"on {report.chips} {unit}s"
+        )
+    if cost.on_chip_bytes:
+        upper = cast(float, report.roofline_seconds(chip, upper_bound=True))
+        epochs_at_upper = (
+            f", {epochs} epochs in {_hours(epochs * train_tokens * upper / (report.tokens_per_chip * report.chips))}"
+            if report.what == "train step"
+            else ""
+        )
+        lines.append(
+            f"  upper bound, the on-chip traffic moved at HBM bandwidth too: {upper * 1e3:.1f} ms per step{epochs_at_upper}"
         )
     return lines
 

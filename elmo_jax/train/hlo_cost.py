@@ -16,8 +16,14 @@ those totals undercounts.  :func:`loop_aware_cost` walks the optimized HLO text
 * bytes: per top-level instruction (a fusion is one), the operands it reads and the
   result it writes; an operand that is only sliced or gathered counts the slices, an
   in-place ``dynamic-update-slice`` or ``scatter`` the updated part, an asynchronous op
-  once at its start, tuples, bitcasts and parameters nothing.  Memory spaces are not told apart (on a TPU a few small buffers
-  live in on-chip memory), so the bytes are an upper bound of the HBM traffic.
+  once at its start, tuples, bitcasts and parameters nothing;
+* memory spaces: by default every buffer counts.  ``on_chip=True`` (for a TPU program) counts
+  in :attr:`Cost.bytes` only the buffers in HBM (a layout without ``S(n)``, or ``S(0)``) and
+  puts those that XLA placed in on-chip memory (``S(1)``: VMEM, and the small ``S(2)``,
+  ``S(4)`` scalar and flag spaces) in :attr:`Cost.on_chip_bytes`: a copy between the two
+  counts its HBM side.  A TPU program keeps much of a loop's working set on chip (the LSTM
+  scans' weights stay in VMEM across the steps), and only HBM traffic is bound by the HBM
+  bandwidth of a roofline; ``bytes + on_chip_bytes`` is the upper bound that counts all of it.
 
 Pure text processing: no jax import, the same on any backend's HLO.
 """
@@ -48,6 +54,9 @@ _DTYPE_BYTES = {
     "c128": 16,
 }
 _ARRAY = re.compile(r"\b(pred|[subfc]\d+|f8e\w+|bf16)\[([\d,]*)\]")
+# an array with its layout, whose ``S(n)`` names the memory space (none, or 0: the main memory)
+_ARRAY_LAYOUT = re.compile(r"\b(pred|[subfc]\d+|f8e\w+|bf16)\[([\d,]*)\](\{[^}]*\})?")
+_SPACE = re.compile(r"S\((\d+)\)")
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _NAME = re.compile(r"%([\w.\-]+)")
 _FREE = {
@@ -129,6 +138,7 @@ class Cost:
     bytes: float
     loops: tuple[tuple[str, int], ...]  # (while instruction, trip count) as found, outermost first
     unknown_trip_counts: int  # data-dependent loops, counted at the bound their stacked arrays give
+    on_chip_bytes: float = 0.0  # with on_chip=True: the traffic of buffers in on-chip memory (not in bytes)
 
     def __add__(self, other: "Cost") -> "Cost":
         return Cost(
@@ -136,22 +146,26 @@ class Cost:
             self.bytes + other.bytes,
             self.loops + other.loops,
             self.unknown_trip_counts + other.unknown_trip_counts,
+            self.on_chip_bytes + other.on_chip_bytes,
         )
 
     def times(self, n: int) -> "Cost":
-        return Cost(self.flops * n, self.bytes * n, self.loops, self.unknown_trip_counts)
+        return Cost(self.flops * n, self.bytes * n, self.loops, self.unknown_trip_counts, self.on_chip_bytes * n)
 
 
 ZERO = Cost(0.0, 0.0, (), 0)
 
 
-def shape_elements_and_bytes(shape: str) -> tuple[int, float]:
-    """Elements and bytes of an HLO shape string (a tuple's arrays added up)."""
+def shape_elements_and_bytes(shape: str, main_memory_only: bool = False) -> tuple[int, float]:
+    """Elements and bytes of an HLO shape string (a tuple's arrays added up);
+    ``main_memory_only``: the bytes of the arrays whose layout puts them in memory space 0."""
     elements, nbytes = 0, 0.0
-    for dtype, dims in _ARRAY.findall(shape):
+    for dtype, dims, layout in _ARRAY_LAYOUT.findall(shape):
         n = math.prod(int(d) for d in dims.split(",") if d) if dims else 1
         elements += n
-        nbytes += n * _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("f8") else 4)
+        space = _SPACE.search(layout)
+        if not (main_memory_only and space and space.group(1) != "0"):
+            nbytes += n * _DTYPE_BYTES.get(dtype, 1 if dtype.startswith("f8") else 4)
     return elements, nbytes
 
 
@@ -235,8 +249,9 @@ def _attr(attrs: str, key: str) -> str | None:
 
 
 class _Walker:
-    def __init__(self, computations: dict[str, list[Instruction]]):
+    def __init__(self, computations: dict[str, list[Instruction]], main_memory_only: bool = False):
         self.computations = computations
+        self.main_memory_only = main_memory_only
         self.by_name = {c: {i.name: i for i in insts} for c, insts in computations.items()}
         self._flops_cache: dict[str, float] = {}
         self.records: list[tuple[float, float, int, str, str, str]] = []  # bytes, flops, trips, comp, name, op
@@ -278,9 +293,12 @@ class _Walker:
         return 0.0
 
     # -- bytes of one top-level instruction -----------------------------------------------
+    def _bytes(self, shape: str) -> float:
+        return shape_elements_and_bytes(shape, self.main_memory_only)[1]
+
     def _operand_bytes(self, comp: str, name: str) -> float:
         inst = self.by_name[comp].get(name)
-        return shape_elements_and_bytes(inst.shape)[1] if inst else 0.0
+        return self._bytes(inst.shape) if inst else 0.0
 
     def _fusion_bytes(self, comp: str, inst: Instruction) -> float:
         fused = _attr(inst.attrs, "calls") or ""
@@ -292,6 +310,15 @@ class _Walker:
                 full = self._operand_bytes(comp, inst.operands[index])
                 read += min(full, self._param_read(fused, pname, full, 0))
         root = next((i for i in body if i.is_root), None)
+        if self.main_memory_only:  # a fused computation's own shapes seldom say where its result goes
+            outputs = _split_top(inst.shape[1:-1]) if inst.shape.startswith("(") else [inst.shape]
+            if root is not None and root.opcode == "tuple" and len(root.operands) == len(outputs):
+                names = self.by_name[fused]
+                return read + sum(
+                    min(self._bytes(out), self._written(fused, names.get(o), names[o].shape if o in names else ""))
+                    for o, out in zip(root.operands, outputs)
+                )
+            return read + min(self._bytes(inst.shape), self._written(fused, root, inst.shape))
         return read + self._written(fused, root, inst.shape)
 
     def _param_read(self, comp: str, name: str, full: float, depth: int) -> float:
@@ -303,7 +330,7 @@ class _Walker:
         read = 0.0
         for user in (i for i in self.computations.get(comp, []) if name in i.operands):
             if user.opcode in _SLICING and user.operands[0] == name:
-                read += shape_elements_and_bytes(user.shape)[1]
+                read += shape_elements_and_bytes(user.shape)[1]  # bounded by the operand's bytes above
             elif user.opcode in ("dynamic-update-slice", "scatter") and user.operands[0] == name:
                 continue
             elif user.opcode == "bitcast":
@@ -336,19 +363,31 @@ class _Walker:
         op = inst.opcode
         if op in _FREE or op in ("while", "conditional", "call"):
             return 0.0
-        out = shape_elements_and_bytes(inst.shape)[1]
+        out = self._bytes(inst.shape)
         if op == "fusion":
             return self._fusion_bytes(comp, inst)
-        if op in _SLICING:
-            return 2.0 * out + sum(self._operand_bytes(comp, o) for o in inst.operands[1:])
-        if op == "dynamic-update-slice":
-            return 2.0 * self._operand_bytes(comp, inst.operands[1])
+        if op in _SLICING:  # the slice read (where its source is counted) and written
+            source_counted = bool(inst.operands) and self._operand_bytes(comp, inst.operands[0]) > 0
+            read = shape_elements_and_bytes(inst.shape)[1] if source_counted else 0.0
+            return out + read + sum(self._operand_bytes(comp, o) for o in inst.operands[1:])
+        if op == "dynamic-update-slice":  # the update read, and written in place where the buffer is counted
+            update = self.by_name[comp].get(inst.operands[1])
+            update_all = shape_elements_and_bytes(update.shape)[1] if update else 0.0
+            return self._operand_bytes(comp, inst.operands[1]) + (update_all if out > 0 else 0.0)
         if op == "scatter":
             return 2.0 * self._operand_bytes(comp, inst.operands[-1]) + self._operand_bytes(comp, inst.operands[1])
-        if op == "copy-start":
-            return 2.0 * self._operand_bytes(comp, inst.operands[0])
+        if op == "copy-start":  # (source, destination, context): each side where it is counted
+            parts = _split_top(inst.shape[1:-1]) if inst.shape.startswith("(") else []
+            destination = self._bytes(parts[1]) if len(parts) > 1 else self._operand_bytes(comp, inst.operands[0])
+            return self._operand_bytes(comp, inst.operands[0]) + destination
         if op == "slice-start":  # an asynchronous slice: its tuple repeats the operand, only the slice moves
-            return out - sum(self._operand_bytes(comp, o) for o in inst.operands)
+            operands = [self.by_name[comp].get(o) for o in inst.operands]
+            slice_all = shape_elements_and_bytes(inst.shape)[1] - sum(
+                shape_elements_and_bytes(o.shape)[1] for o in operands if o
+            )
+            slice_counted = out - sum(self._operand_bytes(comp, o) for o in inst.operands)
+            source_counted = any(self._operand_bytes(comp, o) > 0 for o in inst.operands)
+            return max(slice_counted, slice_all if source_counted else 0.0)
         if op.endswith("-start"):  # asynchronous collectives: the tuple holds the operands and the results
             return out
         if op.endswith("-done"):
@@ -469,17 +508,27 @@ def _constant_value(inst: Instruction | None) -> int | None:
     return int(inst.args)
 
 
-def biggest(hlo_text: str, top: int = 12, by: str = "bytes") -> list[tuple[float, float, int, str, str, str]]:
+def biggest(
+    hlo_text: str, top: int = 12, by: str = "bytes", on_chip: bool = False
+) -> list[tuple[float, float, int, str, str, str]]:
     """The ``top`` instructions by total bytes (or ``by="flops"``), loops multiplied out:
-    ``(bytes, flops, trips, computation, instruction, opcode)``; where a program's traffic goes."""
+    ``(bytes, flops, trips, computation, instruction, opcode)``; where a program's traffic goes
+    (``on_chip=True``: its main-memory traffic, as :func:`loop_aware_cost`)."""
     computations, entry = parse_hlo(hlo_text)
-    walker = _Walker(computations)
+    walker = _Walker(computations, main_memory_only=on_chip)
     walker.cost(entry)
     return sorted(walker.records, key=lambda r: -(r[0] if by == "bytes" else r[1]))[:top]
 
 
-def loop_aware_cost(hlo_text: str) -> Cost:
+def loop_aware_cost(hlo_text: str, on_chip: bool = False) -> Cost:
     """FLOPs and bytes of the optimized HLO module ``hlo_text`` (``compiled.as_text()``)
-    with every ``while`` body counted once per trip; per device for an SPMD program."""
+    with every ``while`` body counted once per trip; per device for an SPMD program.
+
+    ``on_chip=True``: ``bytes`` counts main memory (HBM) only and ``on_chip_bytes`` the rest
+    (see the module's docstring); for programs whose ``S(n)`` spaces are on-chip, as a TPU's."""
     computations, entry = parse_hlo(hlo_text)
-    return _Walker(computations).cost(entry)
+    every = _Walker(computations).cost(entry)
+    if not on_chip:
+        return every
+    main = _Walker(computations, main_memory_only=True).cost(entry)
+    return dataclasses.replace(main, on_chip_bytes=every.bytes - main.bytes)
