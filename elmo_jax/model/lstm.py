@@ -219,6 +219,9 @@ def recurrence(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_cli
 
 
 def _recurrence_fwd(w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype):
+    # (Writing z over gx in place, as the backward pass does with dz, was tried: on a TPU, gx
+    # comes in another layout than the loop's, and XLA copied it, which cost twice the zero
+    # fill it saved.)
     (h_last, c_last), (h_TRBP, z, h_prev, c_prev, hp) = _recurrence_scan(
         w_h, w_p, gx_TRBG, mask_TRB1, h0_RBP, c0_RBH, cell_clip, proj_clip, dtype, True
     )
@@ -232,9 +235,13 @@ def _recurrence_bwd(cell_clip, proj_clip, dtype, residuals, cotangents):
     w_h_c = w_h.astype(dtype)
     w_p_c = w_p.astype(dtype)
 
+    # The gate cotangents dz_t are written over z_t (read only by this step): a scan's stacked
+    # output would be a new [T, R, B, 4H] buffer that XLA fills with zeros first (335 MB per
+    # layer for `original` at 128 rows per chip).
     def step(carry, inputs):
-        dh_RBP, dc_RBH = carry  # cotangents of the state carried out of this step
-        dh_out, m, z, c_prev, hp = inputs
+        t, (dh_RBP, dc_RBH), z_TRBG = carry  # cotangents of the state carried out of this step
+        dh_out, m, c_prev, hp = inputs
+        z = z_TRBG[t]
         c_raw, c, (si, tj, sf, so) = _cell(z, c_prev, cell_clip)
         tc = jnp.tanh(c)
         dh_new = m * (dh_out + dh_RBP)  # the new h is both output and carry where m = 1
@@ -253,10 +260,10 @@ def _recurrence_bwd(cell_clip, proj_clip, dtype, residuals, cotangents):
         )
         dh_prev = einsum("rbg,rpg->rbp", dz, w_h_c, dtype) + (1.0 - m) * dh_RBP
         dc_prev = dc_raw * sf + (1.0 - m) * dc_RBH
-        return (dh_prev, dc_prev), (dz, dhp, so * tc)
+        return (t - 1, (dh_prev, dc_prev), jax.lax.dynamic_update_index_in_dim(z_TRBG, dz, t, 0)), (dhp, so * tc)
 
-    (dh0, dc0), (dz_T, dhp_T, a_T) = jax.lax.scan(
-        step, (dh_last, dc_last), (dh_out_TRBP, mask_TRB1, z_T, c_prev_T, hp_T), reverse=True
+    (_, (dh0, dc0), dz_T), (dhp_T, a_T) = jax.lax.scan(
+        step, (z_T.shape[0] - 1, (dh_last, dc_last), z_T), (dh_out_TRBP, mask_TRB1, c_prev_T, hp_T), reverse=True
     )
     dw_h = einsum("trbp,trbg->rpg", h_prev_T, dz_T, dtype).astype(w_h.dtype)
     dw_p = einsum("trbh,trbp->rhp", a_T, dhp_T, dtype).astype(w_p.dtype)
