@@ -32,10 +32,10 @@ def get_config() -> TrainConfig:
         eval_max_batches=250,
         log_every=100,
         parallel="pmap",
-        # Fits a 16 GB chip (TPU v5e) at 128 rows without remat: 12.8 GiB per chip by the
-        # compile-only check (elmo-jax compile --topology v5e:2x4).  For more rows per chip,
-        # --config.remat_steps=5 recomputes activations in chunks of 5 steps (the same
-        # values; 5.9 GiB at 128 rows, about 1/3 more FLOPs).
+        # Fits a 16 GB chip (TPU v5e) at 128 rows without remat: 6.8 GiB per chip by the
+        # compile-only check (elmo-jax compile --topology v5e:2x4), which found 384 rows to fit
+        # too.  For still more rows per chip, --config.remat_steps=5 recomputes activations in
+        # chunks of 5 steps (the same values, about 1/3 more FLOPs).
         # The sampled softmax touches ~2 x 8192 negatives + the targets of 793,471 rows per step:
         # gradient and Adagrad update on those rows only (the same numbers as the dense update
         # up to float summation order), not 1.6 GB x several passes over the whole softmax.
