@@ -366,12 +366,12 @@ def restore_params(model: nnx.Module, directory: str | os.PathLike) -> None:
                 f"(saved: {json.dumps(saved)}, model: {json.dumps(current)}); build the model from the "
                 f"ELMo it was trained with (same folder or name, same trainable= setting)"
             )
+        drop_failed_read_echoes(directory)  # a refused restore's reads' late logs, from their start
         try:
             restored = ckpt.restore(directory, args=ocp.args.Composite(params=ocp.args.StandardRestore(abstract)))[
                 "params"
             ]
         except (ValueError, KeyError) as e:
-            drop_failed_read_echoes(directory)  # its other reads' late logs
             raise ElmoError(
                 f"{directory} does not fit this model's parameters ({e}); build the task "
                 f"model with the same layers and sizes as the one saved"

@@ -210,13 +210,16 @@ class Checkpoints:
             return np.zeros(x.shape, x.dtype)
 
         abstract = jax.tree.map(abstract_leaf, template)
+        # Before the reads start: asyncio may log a failed read's siblings while the restore is
+        # still unwinding, before the one error is raised (see storage_echoes).  A restore that
+        # succeeds has no failed reads to drop.
+        drop_failed_read_echoes(self.path(step))
         try:
             out = self._manager.restore(
                 step,
                 args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), meta=ocp.args.JsonRestore()),
             )
         except Exception as e:
-            drop_failed_read_echoes(self.path(step))  # its other reads' late logs (see storage_echoes)
             if _is_access_failure(e):
                 raise
             if jax.process_count() > 1:  # telling damage apart would take barriers a failed process misses
@@ -294,7 +297,6 @@ class Checkpoints:
                 has_shape = lambda x: hasattr(x, "shape") and hasattr(x, "dtype")  # noqa: E731
                 reader.restore(state_dir, jax.tree.map(lambda x: np.zeros(x.shape, x.dtype), tree, is_leaf=has_shape))
         except Exception as e:
-            drop_failed_read_echoes(self.path(step))
             if _is_access_failure(e):
                 raise
             return f"its arrays cannot be read: {_reason(e)}"
