@@ -21,7 +21,8 @@ The failed reads also end asyncio tasks whose exceptions nobody retrieves once t
 one was raised; asyncio logs each of them ("Task exception was never retrieved", or "Future
 ...", with a traceback) when it is collected, again at any later moment.
 :func:`drop_failed_read_echoes` drops exactly those records for the checkpoint folders
-whose failed read has already been reported, and passes every other record on.
+being restored (a failed restore is reported by the one error it raises), and passes every
+other record on.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ _UNRETRIEVED = ("Task exception was never retrieved", "Future exception was neve
 
 class _FailedReadEchoes(logging.Filter):
     """Drops asyncio's "never retrieved" records of a task or future whose exception names one of
-    ``folders`` (a checkpoint whose failed read was reported); lets everything else through."""
+    ``folders`` (checkpoints being restored); lets everything else through."""
 
     def __init__(self):
         super().__init__()
@@ -86,8 +87,9 @@ class _FailedReadEchoes(logging.Filter):
 
 
 def drop_failed_read_echoes(folder: str | os.PathLike) -> None:
-    """From now on, drop asyncio's late "Task exception was never retrieved" records of reads
-    under ``folder`` (whose failure the caller has reported). One filter per process."""
+    """From now on, drop asyncio's "Task/Future exception was never retrieved" records of reads
+    under ``folder``, which the caller is about to restore and whose failure it reports by the
+    error it raises (a restore that succeeds leaves none). One filter per process."""
     logger = logging.getLogger("asyncio")
     echoes = next((f for f in logger.filters if isinstance(f, _FailedReadEchoes)), None)
     if echoes is None:

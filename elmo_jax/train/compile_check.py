@@ -485,19 +485,15 @@ def describe(
         f"{chip.bf16_flops / 1e12:.0f} TFLOP/s bf16, {chip.hbm_bandwidth / GB:.0f} GB/s) -> "
         f"{tps:,.0f} tokens/s per {unit}, {tps * report.chips:,.0f} on {report.chips} {unit}s"
     )
+    total = epochs * train_tokens / (tps * report.chips)  # the epochs' time at the roofline
     if report.what == "train step":
-        total = epochs * train_tokens / (tps * report.chips)
         lines.append(
             f"  {epochs} epochs of lm1b ({train_tokens / 1e6:.1f}M tokens each) in {_hours(total)} "
             f"on {report.chips} {unit}s"
         )
     if cost.on_chip_bytes:
         upper = cast(float, report.roofline_seconds(chip, upper_bound=True))
-        epochs_at_upper = (
-            f", {epochs} epochs in {_hours(epochs * train_tokens * upper / (report.tokens_per_chip * report.chips))}"
-            if report.what == "train step"
-            else ""
-        )
+        epochs_at_upper = f", {epochs} epochs in {_hours(total * upper / t)}" if report.what == "train step" else ""
         lines.append(
             f"  upper bound, the on-chip traffic moved at HBM bandwidth too: {upper * 1e3:.1f} ms per step{epochs_at_upper}"
         )

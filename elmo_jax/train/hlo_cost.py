@@ -55,7 +55,7 @@ _DTYPE_BYTES = {
 }
 _ARRAY = re.compile(r"\b(pred|[subfc]\d+|f8e\w+|bf16)\[([\d,]*)\]")
 # an array with its layout, whose ``S(n)`` names the memory space (none, or 0: the main memory)
-_ARRAY_LAYOUT = re.compile(r"\b(pred|[subfc]\d+|f8e\w+|bf16)\[([\d,]*)\](\{[^}]*\})?")
+_ARRAY_LAYOUT = re.compile(_ARRAY.pattern + r"(\{[^}]*\})?")
 _SPACE = re.compile(r"S\((\d+)\)")
 _HEADER = re.compile(r"^(?:ENTRY\s+)?%?([\w.\-]+)\s*\(.*\)\s*->\s*.*\{\s*$")
 _NAME = re.compile(r"%([\w.\-]+)")
